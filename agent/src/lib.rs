@@ -1,0 +1,1 @@
+//! The node protocol, both sides: the machine's agent and the coordinator endpoint a hub embeds.

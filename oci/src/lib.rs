@@ -1,0 +1,1 @@
+//! OCI image layouts, reproducible layers and registry transfers. Knows nothing of fleets.

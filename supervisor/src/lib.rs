@@ -1,0 +1,1 @@
+//! The run store's on-disk format, shared with the agent.

@@ -1,0 +1,29 @@
+//! `cargo xtask bench`: each benchmark runs our tool and its peer in one run and records medians.
+mod agent;
+mod build;
+mod registry;
+mod supervisor;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum Which {
+    /// `oci build` against `umoci insert` and `tar --sort=name | sha256sum`
+    Build,
+    /// `oci push`/`oci copy` against `skopeo copy` and parallel curl PUTs
+    Registry,
+    /// `fleet-run-supervisor start`+`wait` against `/bin/true` and `timeout 10 /bin/true`
+    Supervisor,
+    /// The agent's idle memory, time to Joined, binary size and run throughput
+    Agent,
+}
+
+pub fn run(which: Which) -> Result<()> {
+    match which {
+        Which::Build => build::run(),
+        Which::Registry => registry::run(),
+        Which::Supervisor => supervisor::run(),
+        Which::Agent => agent::run(),
+    }
+}

@@ -1,0 +1,6 @@
+//! `cargo xtask bench registry`.
+use anyhow::{Result, bail};
+
+pub fn run() -> Result<()> {
+    bail!("the registry benchmark is not written yet")
+}

@@ -1,0 +1,56 @@
+//! `cargo xtask`: ci, demo, static cross builds, bundles, benchmarks and the soak.
+mod bench;
+mod ci;
+mod cross;
+mod demo;
+mod soak;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Project tasks beyond cargo build")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the tests need, then run fmt, clippy and the whole test suite
+    Ci,
+    /// Run the main job end to end on the embedded default, on loopback
+    Demo,
+    /// Build static musl binaries for x86_64 and arm64 and pack hub-linux-<arch>.tar.gz bundles
+    Dist {
+        /// Only this architecture (x86_64 or arm64)
+        #[arg(long)]
+        arch: Option<String>,
+    },
+    /// Run a benchmark side by side with its peer and record it in BENCHMARKS.md
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+    /// Kill the agent at random moments across many runs and check exactly-once
+    Soak {
+        /// How many kills
+        #[arg(long, default_value_t = 1000)]
+        kills: usize,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Ci => ci::run(),
+        Task::Demo => demo::run(),
+        Task::Dist { arch } => cross::dist(arch.as_deref()),
+        Task::Bench { which } => bench::run(which),
+        Task::Soak { kills } => soak::run(kills),
+    };
+    if let Err(err) = result {
+        eprintln!("xtask: {err:#}");
+        std::process::exit(1);
+    }
+}

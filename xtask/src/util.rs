@@ -1,0 +1,107 @@
+//! Small helpers shared by every task: the workspace root and running commands loudly.
+use anyhow::{Context, Result, bail};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The workspace root (the parent of `xtask/`).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// Runs a command in the workspace root, echoing it, and fails on a non-zero exit.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    cmd.current_dir(root());
+    eprintln!("$ {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {}", describe(cmd)))?;
+    if !status.success() {
+        bail!("{} failed with {status}", describe(cmd));
+    }
+    Ok(())
+}
+
+/// Whether a program is on PATH.
+pub fn have(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program} >/dev/null 2>&1"))
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&arg.to_string_lossy());
+    }
+    s
+}
+
+/// What one timed run of a command cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    pub seconds: f64,
+    /// Peak resident memory of the command's largest process, in KiB (from wait4's rusage).
+    pub max_rss_kib: u64,
+}
+
+/// Runs a command to completion, timing it and reading its peak memory; fails on a non-zero exit.
+pub fn measure(cmd: &mut Command) -> Result<Measured> {
+    use std::os::unix::process::ExitStatusExt;
+    let start = std::time::Instant::now();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", describe(cmd)))?;
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is plain data, zeroed is a valid value; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let seconds = start.elapsed().as_secs_f64();
+    if rc != pid {
+        bail!("wait4 failed for {}", describe(cmd));
+    }
+    let status = std::process::ExitStatus::from_raw(status);
+    if !status.success() {
+        bail!("{} failed with {status}", describe(cmd));
+    }
+    Ok(Measured {
+        seconds,
+        max_rss_kib: usage.ru_maxrss as u64,
+    })
+}
+
+/// The median of some samples (they need not be sorted).
+pub fn median(samples: &[f64]) -> f64 {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Replaces (or appends) one benchmark's section of BENCHMARKS.md, leaving the others alone.
+pub fn record_benchmark(name: &str, markdown: &str) -> Result<()> {
+    let path = root().join("BENCHMARKS.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".to_string());
+    let begin = format!("<!-- bench:{name} -->");
+    let end = format!("<!-- /bench:{name} -->");
+    let section = format!("{begin}\n{}\n{end}", markdown.trim_end());
+    let new = match (old.find(&begin), old.find(&end)) {
+        (Some(b), Some(e)) if e > b => format!("{}{section}{}", &old[..b], &old[e + end.len()..]),
+        _ => format!("{}\n{section}\n", old.trim_end()),
+    };
+    let tmp = path.with_extension("md.tmp");
+    std::fs::write(&tmp, new)?;
+    std::fs::rename(&tmp, &path)?;
+    eprintln!("recorded the {name} benchmark in {}", path.display());
+    Ok(())
+}
