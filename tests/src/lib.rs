@@ -4,7 +4,7 @@ use std::process::{Command, Output};
 
 /// The cargo target directory the tests were built into.
 pub fn target_dir() -> PathBuf {
-    // current_exe is target/<profile>/deps/it-<hash>
+    // current_exe is target/<profile>/deps/<area>-<hash>
     let exe = std::env::current_exe().expect("the test binary knows its path");
     exe.parent()
         .and_then(Path::parent)
