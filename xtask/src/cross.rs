@@ -1,6 +1,7 @@
 //! Static musl builds for x86_64 and arm64 (through cargo-zigbuild), and the hub bundles.
 use crate::util;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub const TARGETS: &[(&str, &str)] = &[
@@ -52,7 +53,11 @@ pub fn build_static(target: &str, packages: &[&str]) -> Result<()> {
     util::run(&mut cmd)
 }
 
-/// `cargo xtask dist`: static binaries for each architecture, packed as bundles.
+/// The binaries a machine runs, packed into each bundle.
+const BUNDLE_BINARIES: &[&str] = &["fleet-agent", "fleet-run-supervisor"];
+
+/// `cargo xtask dist`: static binaries for each architecture, packed as reproducible
+/// `dist/hub-linux-<arch>.tar.gz` bundles with a `SHA256SUMS` beside them.
 pub fn dist(arch: Option<&str>) -> Result<()> {
     install_toolchain()?;
     let selected: Vec<_> = TARGETS
@@ -60,10 +65,54 @@ pub fn dist(arch: Option<&str>) -> Result<()> {
         .filter(|(a, _)| arch.is_none_or(|want| want == *a))
         .collect();
     if selected.is_empty() {
-        bail!("unknown architecture {:?}: use x86_64 or arm64", arch.unwrap_or_default());
+        bail!(
+            "unknown architecture {:?}: use x86_64 or arm64",
+            arch.unwrap_or_default()
+        );
     }
-    for (_, target) in selected {
+    let dist = util::root().join("dist");
+    std::fs::create_dir_all(&dist)?;
+    for (arch, target) in selected {
         build_static(target, &["fleet-agent", "fleet-run-supervisor", "oci"])?;
+        pack_bundle(arch, target, &dist)?;
     }
+    util::run(
+        Command::new("sh")
+            .arg("-c")
+            .arg("sha256sum hub-linux-*.tar.gz > SHA256SUMS && cat SHA256SUMS")
+            .current_dir(&dist),
+    )
+}
+
+/// Packs one bundle with fixed owners, times and order, so the same binaries give the same bytes.
+fn pack_bundle(arch: &str, target: &str, dist: &Path) -> Result<()> {
+    let release = target_dir().join(target).join("release");
+    let staging = dist.join(format!("hub-linux-{arch}"));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)?;
+    }
+    std::fs::create_dir_all(&staging)?;
+    for bin in BUNDLE_BINARIES {
+        let from = release.join(bin);
+        std::fs::copy(&from, staging.join(bin))
+            .with_context(|| format!("cannot copy {}", from.display()))?;
+    }
+    let bundle = dist.join(format!("hub-linux-{arch}.tar.gz"));
+    let script = format!(
+        "tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=posix \
+         --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+         -C {staging} -cf - . | gzip -9 -n > {bundle}.tmp && mv {bundle}.tmp {bundle}",
+        staging = staging.display(),
+        bundle = bundle.display()
+    );
+    util::run(Command::new("sh").arg("-c").arg(script))?;
+    std::fs::remove_dir_all(&staging)?;
     Ok(())
+}
+
+/// Cargo's target directory, honouring CARGO_TARGET_DIR.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| util::root().join("target"))
 }

@@ -11,9 +11,12 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Runs a command in the workspace root, echoing it, and fails on a non-zero exit.
+/// Runs a command (in the workspace root unless it names a folder), echoing it, and fails on a
+/// non-zero exit.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    cmd.current_dir(root());
+    if cmd.get_current_dir().is_none() {
+        cmd.current_dir(root());
+    }
     eprintln!("$ {}", describe(cmd));
     let status = cmd
         .status()
