@@ -1,5 +1,80 @@
 //! The `oci` command line.
+mod build_cli;
+mod remote_cli;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "oci",
+    about = "Reproducible OCI images from a folder; inspect, push and copy by digest"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a reproducible image from a folder into a layout; prints the manifest digest
+    Build(build_cli::BuildArgs),
+    /// Write an image index over per-platform images of a layout; prints the index digest
+    Index(build_cli::IndexArgs),
+    /// Push an image from a layout to a registry; prints the manifest digest
+    Push(remote_cli::PushArgs),
+    /// Copy an image between registries and layouts, by digest; prints the manifest digest
+    Copy(remote_cli::CopyArgs),
+    /// Show an image: oci:DIR:REF, oci:DIR@sha256:HEX or docker://HOST/REPO[:TAG|@sha256:HEX]
+    Inspect {
+        /// The image
+        reference: String,
+        #[command(flatten)]
+        remote: remote_cli::RemoteInspectArgs,
+    },
+}
+
 fn main() {
-    eprintln!("oci: no commands yet");
-    std::process::exit(2);
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("oci: {}", usage_line(&e));
+            std::process::exit(2);
+        }
+        Err(e) => e.exit(),
+    };
+    let result = match cli.command {
+        Command::Push(args) => remote_cli::push(args),
+        Command::Copy(args) => remote_cli::copy(args),
+        Command::Build(args) => build_cli::build(args),
+        Command::Index(args) => build_cli::index(args),
+        Command::Inspect { reference, remote } if !remote_cli::is_remote(&reference) => {
+            build_cli::inspect(&reference, remote.json, remote.raw)
+        }
+        Command::Inspect { reference, remote } => remote_cli::inspect(&reference, &remote),
+    };
+    if let Err(err) = result {
+        eprintln!("oci: {}", one_line(&err));
+        std::process::exit(1);
+    }
+}
+
+/// The error and its causes on one line, skipping a cause the message above already quotes.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+    }
+    line
+}
+
+/// A command-line error as one line: clap's message up to its usage block, newlines folded.
+fn usage_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let message = text.split("\n\n").next().unwrap_or("");
+    let message = message.trim_start_matches("error: ");
+    let folded: Vec<&str> = message.split_whitespace().collect();
+    format!("{}; see oci --help", folded.join(" "))
 }

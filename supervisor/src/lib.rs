@@ -1,1 +1,20 @@
-//! The run store's on-disk format, shared with the agent.
+//! The run store's on-disk format, shared with the agent: paths, run ids, digests, the
+//! `result.json` and `supervisor.json` schemas, and how a reader tells a run's state (lost included).
+//!
+//! This half spawns no process and links no async runtime, so the agent can depend on it.
+//! The `fleet-run-supervisor` binary (in `main.rs`) is the only writer of a run.
+pub mod atomic;
+pub mod clock;
+pub mod digest;
+pub mod error;
+pub mod layout;
+pub mod record;
+pub mod run_id;
+pub mod state;
+
+pub use digest::Digest;
+pub use error::{Error, describe_io};
+pub use layout::Store;
+pub use record::{Bytes, Failure, Owner, Phase, RunResult, Step, StreamRecord};
+pub use run_id::RunId;
+pub use state::{RunStatus, State};

@@ -1,1 +1,564 @@
-//! Tests: agent_runs.
+//! Tests: agent_runs. Work reaches a machine exactly once: runs through the real coordinator,
+//! agent and supervisor processes; SIGKILLed agents, a stopped coordinator, a killed supervisor.
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use testkit::agent::{Agent, Coordinator, script, wait_until};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A coordinator and one joined agent in a temporary directory.
+struct Fleet {
+    dir: tempfile::TempDir,
+    coord: Coordinator,
+    agent: Option<Agent>,
+    starts: usize,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let dir = testkit::tempdir();
+        let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+        std::fs::write(
+            dir.path().join("fleet.json"),
+            coord.token(&["--name", "worker"]),
+        )
+        .unwrap();
+        let mut fleet = Fleet {
+            dir,
+            coord,
+            agent: None,
+            starts: 0,
+        };
+        fleet.start_agent();
+        let agent = fleet.agent.as_ref().unwrap();
+        assert!(
+            agent.wait_for("session open", 1, WAIT),
+            "log: {}",
+            agent.log_text()
+        );
+        fleet
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn start_agent(&mut self) {
+        self.starts += 1;
+        let log = self.path(&format!("agent-{}.log", self.starts));
+        let args: Vec<std::ffi::OsString> = vec![
+            "--join-file".into(),
+            self.path("fleet.json").into(),
+            "--state".into(),
+            self.path("state").into(),
+            "--run-store".into(),
+            self.path("runs").into(),
+            "--cloud-root".into(),
+            self.path("cloud").into(),
+            "--accelerator-tool".into(),
+            "/nonexistent/nvidia-smi".into(),
+            "--retry-base".into(),
+            "50ms".into(),
+        ];
+        self.agent = Some(Agent::start(&log, args));
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            agent.kill();
+        }
+    }
+
+    /// `coordinator run --all --program FILE EXTRA -- ARGS`; returns the set id.
+    fn run(&self, program: &Path, extra: &[&str], args: &[&str]) -> String {
+        let out = testkit::ok(
+            self.coord
+                .command()
+                .args(["run", "--all", "--program"])
+                .arg(program)
+                .args(extra)
+                .arg("--")
+                .args(args),
+        );
+        out.trim().to_string()
+    }
+
+    fn status(&self, set: &str) -> Vec<Value> {
+        let out = testkit::ok(
+            self.coord
+                .command()
+                .args(["status", "--set", set, "--json"]),
+        );
+        serde_json::from_str::<Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    fn row(&self, set: &str) -> Value {
+        self.status(set).remove(0)
+    }
+
+    /// Waits for a set's single row to satisfy `check`; returns it.
+    fn wait_row(&self, set: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let mut last = Value::Null;
+        let ok = wait_until(WAIT, || {
+            last = self.row(set);
+            check(&last)
+        });
+        assert!(ok, "row never matched: {last:#}");
+        last
+    }
+}
+
+fn is_final(row: &Value) -> bool {
+    matches!(row["state"].as_str(), Some("finished" | "failed" | "lost"))
+}
+
+/// Each event id once, and at most one event per state.
+fn assert_events_once(row: &Value) {
+    let ids: Vec<u64> = row["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let mut dedup = ids.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(ids.len(), dedup.len(), "duplicate events in {row:#}");
+}
+
+#[test]
+fn runs_with_arguments_and_a_timeout_then_collects_a_file() {
+    let fleet = Fleet::new();
+    let program = script(
+        &fleet.path("greet.sh"),
+        "printf 'args: %s\\n' \"$*\" > greeting.txt\necho done",
+    );
+    let set = fleet.run(&program, &["--timeout", "20s"], &["hello", "big world"]);
+    assert!(set.starts_with("s-"));
+    let polled = testkit::ok(
+        fleet
+            .coord
+            .command()
+            .args(["status", "--set", &set, "--poll", "--json"]),
+    );
+    let row = serde_json::from_str::<Value>(&polled).unwrap()[0].clone();
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(row["exit_code"], 0);
+    assert_events_once(&row);
+
+    let sleeper = script(&fleet.path("sleepy.sh"), "sleep 30");
+    let slow = fleet.run(&sleeper, &["--timeout", "1s"], &[]);
+    let row2 = fleet.wait_row(&slow, is_final);
+    assert_eq!(row2["timed_out"], true, "{row2:#}");
+
+    // The human table shows both rows.
+    let table = testkit::ok(fleet.coord.command().args(["status", "--set", &set]));
+    assert!(
+        table.lines().nth(1).unwrap().contains("finished"),
+        "{table}"
+    );
+    let table = testkit::ok(fleet.coord.command().args(["status", "--set", &slow]));
+    assert!(table.contains("timed out"), "{table}");
+
+    let run = row["run_id"].as_str().unwrap();
+    let out = fleet.path("collected.txt");
+    let digest = testkit::ok(
+        fleet
+            .coord
+            .command()
+            .args(["collect", "--run", run, "--path", "greeting.txt", "--out"])
+            .arg(&out),
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "args: hello big world\n"
+    );
+    let oracle = testkit::ok(std::process::Command::new("sha256sum").arg(&out));
+    assert_eq!(
+        digest.trim(),
+        format!("sha256:{}", oracle.split_whitespace().next().unwrap())
+    );
+
+    // Bad input gets one clear line, and the agent goes on serving.
+    let err = testkit::fails(
+        fleet
+            .coord
+            .command()
+            .args([
+                "collect",
+                "--run",
+                run,
+                "--path",
+                "../../../etc/passwd",
+                "--out",
+            ])
+            .arg(&out),
+    );
+    assert_eq!(
+        err.lines().last().unwrap(),
+        format!(
+            "fleet-agent: run {run}: collect path ../../../etc/passwd leaves the run folder; name a file inside it"
+        )
+    );
+    let err = testkit::fails(
+        fleet
+            .coord
+            .command()
+            .args(["run", "--node", "nobody", "--program"])
+            .arg(&program),
+    );
+    assert_eq!(
+        err.lines().last().unwrap(),
+        "fleet-agent: no node matches nobody: see `fleet-agent coordinator nodes`"
+    );
+    let err = testkit::fails(
+        fleet
+            .coord
+            .command()
+            .args(["status", "--set", "s-000000000000"]),
+    );
+    assert_eq!(
+        err.lines().last().unwrap(),
+        "fleet-agent: no set s-000000000000: it never existed or was pruned"
+    );
+    let again = testkit::ok(
+        fleet
+            .coord
+            .command()
+            .args(["run", "--node", "worker", "--program"])
+            .arg(&program)
+            .args(["--", "again"]),
+    );
+    assert_eq!(fleet.wait_row(again.trim(), is_final)["state"], "finished");
+}
+
+#[test]
+fn a_stopped_coordinator_misses_no_event_and_stores_none_twice() {
+    let mut fleet = Fleet::new();
+    let marker = fleet.path("effects");
+    let program = script(
+        &fleet.path("work.sh"),
+        &format!("sleep 1\necho \"$1\" >> {}", marker.display()),
+    );
+    let sets: Vec<String> = (0..5)
+        .map(|i| fleet.run(&program, &[], &[&format!("run-{i}")]))
+        .collect();
+    for set in &sets {
+        fleet.wait_row(set, |r| r["state"] != "waiting");
+    }
+    fleet.coord.kill();
+    // The runs finish while nobody listens; their events wait in the agent's spool.
+    assert!(wait_until(WAIT, || std::fs::read_to_string(&marker)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        == 5));
+    std::thread::sleep(Duration::from_millis(500));
+    fleet.coord.restart();
+    for set in &sets {
+        let row = fleet.wait_row(set, is_final);
+        assert_eq!(row["state"], "finished", "{row:#}");
+        assert_events_once(&row);
+    }
+    let agent = fleet.agent.as_ref().unwrap();
+    assert!(agent.count("session lost") >= 1);
+    fleet.kill_agent();
+}
+
+#[test]
+fn a_killed_supervisor_shows_lost_within_a_heartbeat() {
+    let fleet = Fleet::new();
+    let token = format!("sleeper-{}", std::process::id());
+    let program = script(&fleet.path("long.sh"), "sleep 60");
+    let set = fleet.run(&program, &[], &[&token]);
+    let row = fleet.wait_row(&set, |r| r["state"] == "running");
+    let run = row["run_id"].as_str().unwrap().to_string();
+    let supervisors = processes_with(&["fleet-run-supervisor", &run]);
+    assert!(!supervisors.is_empty(), "no supervisor process for {run}");
+    let killed = Instant::now();
+    for pid in &supervisors {
+        kill9(*pid);
+    }
+    let lost = fleet.wait_row(&set, is_final);
+    let took = killed.elapsed();
+    assert_eq!(lost["state"], "lost", "{lost:#}");
+    // The coordinator's heartbeat is 200 ms; allow scheduling slack on two busy cores.
+    assert!(took < Duration::from_millis(1500), "lost after {took:?}");
+    for pid in processes_with(&[&token]) {
+        kill9(pid);
+    }
+}
+
+/// Pids whose command line holds every needle (ours only: the test started them).
+fn processes_with(needles: &[&str]) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if needles.iter().all(|n| cmdline.contains(n)) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn kill9(pid: i32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+}
+
+#[test]
+fn crash_loop_every_run_executes_once_and_reports_once() {
+    let mut fleet = Fleet::new();
+    let effects = fleet.path("effects");
+    let program = script(
+        &fleet.path("once.sh"),
+        &format!("echo \"$1\" >> {}", effects.display()),
+    );
+    const RUNS: usize = 200;
+    let mut sets = Vec::new();
+    let mut kills = 0;
+    let mut rng = Lcg(std::process::id() as u64);
+    let started = Instant::now();
+    while sets.len() < RUNS {
+        for _ in 0..8 {
+            sets.push(fleet.run(&program, &[], &[&format!("token-{}", sets.len())]));
+        }
+        // SIGKILL the agent at a random moment while these are in flight, then start it again.
+        std::thread::sleep(Duration::from_millis(rng.below(150)));
+        fleet.kill_agent();
+        kills += 1;
+        fleet.start_agent();
+    }
+    // Keep killing until everything is final.
+    let mut rows = Vec::new();
+    let done = wait_until(Duration::from_secs(120), || {
+        if rng.below(4) == 0 {
+            std::thread::sleep(Duration::from_millis(rng.below(200)));
+            fleet.kill_agent();
+            kills += 1;
+            fleet.start_agent();
+        }
+        rows = sets.iter().map(|s| fleet.row(s)).collect();
+        rows.iter().all(is_final)
+    });
+    assert!(
+        done,
+        "not all runs ended: {:#}",
+        json!(rows.iter().filter(|r| !is_final(r)).collect::<Vec<_>>())
+    );
+    let text = std::fs::read_to_string(&effects).unwrap();
+    let mut seen = std::collections::HashMap::new();
+    for line in text.lines() {
+        *seen.entry(line.to_string()).or_insert(0) += 1;
+    }
+    for i in 0..RUNS {
+        assert_eq!(
+            seen.get(&format!("token-{i}")),
+            Some(&1),
+            "run {i} executed {:?} times",
+            seen.get(&format!("token-{i}"))
+        );
+    }
+    for row in &rows {
+        assert_eq!(row["state"], "finished", "{row:#}");
+        assert_events_once(row);
+    }
+    assert!(kills >= 25, "only {kills} kills");
+    eprintln!(
+        "{RUNS} runs, {kills} SIGKILLs, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A small deterministic generator seeded per run, so no extra dependency is needed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// The node's command handling with the real store and the real supervisor, command by command.
+mod node_commands {
+    use fleet_agent::node::Node;
+    use fleet_agent::protocol::{Command, StartRun};
+    use fleet_agent::runtime::ProcessRuntime;
+    use serde_json::Value;
+    use std::sync::Arc;
+
+    fn node(dir: &std::path::Path) -> Node {
+        let runtime = ProcessRuntime::new(testkit::bin("fleet-run-supervisor"), dir.join("runs"));
+        Node::open(&dir.join("state"), Arc::new(runtime)).unwrap()
+    }
+
+    fn start(run_id: &str, program: &str) -> Command {
+        Command::Start(StartRun {
+            run_id: run_id.into(),
+            program: program.into(),
+            argv: vec!["x".into()],
+            timeout_ms: Some(10_000),
+            output_limit: None,
+            env: Vec::new(),
+            inputs: Vec::new(),
+        })
+    }
+
+    fn stage(bytes: &[u8]) -> (String, Command) {
+        use base64::Engine;
+        let digest = format!("sha256:{}", sha256_hex(bytes));
+        let command = Command::Stage {
+            digest: digest.clone(),
+            program_b64: base64::engine::general_purpose::STANDARD.encode(bytes),
+        };
+        (digest, command)
+    }
+
+    fn sha256_hex(bytes: &[u8]) -> String {
+        let dir = testkit::tempdir();
+        let file = dir.path().join("f");
+        std::fs::write(&file, bytes).unwrap();
+        let out = testkit::ok(std::process::Command::new("sha256sum").arg(&file));
+        out.split_whitespace().next().unwrap().to_string()
+    }
+
+    fn error(v: &Value) -> &str {
+        v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not an error: {v}"))
+    }
+
+    #[test]
+    fn bad_commands_get_clear_errors_and_redeliveries_are_answered_from_the_record() {
+        let dir = testkit::tempdir();
+        let node = node(dir.path());
+        let counter = dir.path().join("count");
+        let program = format!("#!/bin/sh\necho run >> {}\n", counter.display());
+        let (digest, stage_cmd) = stage(program.as_bytes());
+        assert_eq!(
+            node.execute("stage-1", 1, &stage_cmd)["ok"]["staged"],
+            digest.as_str()
+        );
+
+        let first = node.execute("start-a", 1, &start("r-a", &digest));
+        assert_eq!(first["ok"]["started"], "r-a");
+        // Redelivered: the same answer, from the record; nothing launched again.
+        assert_eq!(node.execute("start-a", 1, &start("r-a", &digest)), first);
+        // Another operation reusing the run id is a duplicate.
+        assert_eq!(
+            error(&node.execute("start-b", 1, &start("r-a", &digest))),
+            "run r-a: the run id is already used on this node; start it under a new run id"
+        );
+        // An unknown program digest.
+        let unknown = format!("sha256:{}", "0".repeat(64));
+        assert_eq!(
+            error(&node.execute("start-c", 1, &start("r-c", &unknown))),
+            format!(
+                "run r-c: program {unknown} is not staged on this node; stage it before starting the run"
+            )
+        );
+        // A collect path that escapes the run folder.
+        let collect = Command::Collect {
+            run_id: "r-a".into(),
+            path: "../r-c/x".into(),
+        };
+        assert_eq!(
+            error(&node.execute("collect-1", 1, &collect)),
+            "run r-a: collect path ../r-c/x leaves the run folder; name a file inside it"
+        );
+        // A command from a superseded session generation.
+        assert!(node.execute("start-d", 3, &start("r-d", &digest))["ok"].is_object());
+        assert_eq!(
+            error(&node.execute("start-e", 2, &start("r-e", &digest))),
+            "command from session generation 2 refused: generation 3 superseded it; reconnect to get a current session"
+        );
+        // The node keeps serving: r-a and r-d ran, once each.
+        assert!(testkit::agent::wait_until(
+            std::time::Duration::from_secs(20),
+            || {
+                std::fs::read_to_string(&counter)
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+                    == 2
+            }
+        ));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(
+            std::fs::read_to_string(&counter).unwrap().lines().count(),
+            2
+        );
+        // Every state change is spooled once, with increasing ids.
+        let events = node.store.pending_events(0, 100).unwrap();
+        let ids: Vec<u64> = events.iter().map(|e| e.id).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+        let c_failed = events
+            .iter()
+            .filter(|e| e.run_id == "r-c" && e.state.as_str() == "failed")
+            .count();
+        assert_eq!(c_failed, 1);
+    }
+}
+
+#[test]
+fn a_run_nobody_takes_fails_and_a_run_on_a_lost_machine_is_lost() {
+    let mut fleet = Fleet::new();
+    let program = script(&fleet.path("long.sh"), "sleep 30");
+    let set = fleet.run(&program, &[], &["lost-machine"]);
+    fleet.wait_row(&set, |r| r["state"] == "running");
+    // The machine goes away mid-run: after its lease (2 s) the row is lost, final, not a hang.
+    fleet.kill_agent();
+    let row = fleet.wait_row(&set, is_final);
+    assert_eq!(row["state"], "lost", "{row:#}");
+    let node = row["node_id"].as_str().unwrap();
+    assert_eq!(row["error"], format!("node {node} stopped answering while the run was running"));
+    for pid in processes_with(&["lost-machine"]) {
+        kill9(pid);
+    }
+    // A coordinator whose waiting timeout is short fails a run nobody takes.
+    fleet.coord = Coordinator::start(&fleet.path("coord2"), &["--waiting-timeout", "1s"]);
+    std::fs::write(fleet.path("fleet.json"), fleet.coord.token(&[])).unwrap();
+    let _ = std::fs::remove_dir_all(fleet.path("state"));
+    fleet.start_agent();
+    assert!(fleet.agent.as_ref().unwrap().wait_for("session open", 1, WAIT));
+    fleet.kill_agent();
+    let set = fleet.run(&program, &[], &[]);
+    let row = fleet.wait_row(&set, is_final);
+    assert_eq!(row["state"], "failed", "{row:#}");
+    assert_eq!(row["error"], format!("node {} did not take the run within 1 s", row["node_id"].as_str().unwrap()));
+}
+
+#[test]
+fn an_unreadable_node_store_stops_the_agent_naming_the_file() {
+    let mut fleet = Fleet::new();
+    fleet.kill_agent();
+    let store = fleet.path("state").join("agent.redb");
+    std::fs::write(&store, b"not a redb file at all, and long enough to be read as one").unwrap();
+    fleet.start_agent();
+    let agent = fleet.agent.as_mut().unwrap();
+    let status = agent.wait_exit(WAIT).expect("the agent stops");
+    assert_eq!(status.code(), Some(1));
+    let last = agent.log_text().lines().last().unwrap_or_default().to_string();
+    assert!(
+        last.starts_with(&format!("fleet-agent: agent state {} cannot be read: ", store.display()))
+            && last.ends_with("restore it or move it aside deliberately, the agent never starts over on its own"),
+        "{last}"
+    );
+    assert_eq!(std::fs::read(&store).unwrap(), b"not a redb file at all, and long enough to be read as one");
+}

@@ -1,4 +1,8 @@
 //! Small helpers for the workspace tests: where the built binaries are, and running them.
+pub mod agent;
+pub mod oci;
+pub mod pki;
+pub mod registry;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,214 @@
+//! The `fleet-agent` command line: argument structs with their help, apart from the handlers.
+use clap::{Args, Parser, Subcommand};
+use fleet_agent::logging::LogFormat;
+use fleet_agent::{agent, coordinator, duration, joinfile};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "fleet-agent",
+    version,
+    about = "The edge agent of a fleet of rented machines, and its coordinator",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// Log as human-readable lines or as one JSON object per line
+    #[arg(long, value_enum, default_value = "human", global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// The hub's endpoint for the node protocol: tokens, user data, serving, nodes
+    Coordinator(CoordinatorArgs),
+}
+
+/// Running as a machine's agent (the default, without a subcommand).
+#[derive(Args, Clone)]
+pub struct AgentArgs {
+    /// Accepted for the seed bootstrap's form; the agent never has a UI
+    #[arg(long)]
+    pub head_less: bool,
+    /// The join file cloud-init wrote
+    #[arg(long, default_value = joinfile::DEFAULT_PATH)]
+    pub join_file: PathBuf,
+    /// The node's state folder: key and membership
+    #[arg(long, default_value = agent::DEFAULT_STATE)]
+    pub state: PathBuf,
+    /// The run store, whose free disk the facts report
+    #[arg(long, default_value = "/var/lib/octomy-runs")]
+    pub run_store: PathBuf,
+    /// cloud-init's folder, whose copies of the user data are removed after the join
+    #[arg(long, default_value = agent::DEFAULT_CLOUD_ROOT)]
+    pub cloud_root: PathBuf,
+    /// The tool that lists accelerators
+    #[arg(long, default_value = "nvidia-smi")]
+    pub accelerator_tool: PathBuf,
+    /// How long each session certificate is valid; renewed at two thirds
+    #[arg(long, default_value = "10m", value_parser = duration::parse)]
+    pub session_validity: Duration,
+    /// The run supervisor (default: fleet-run-supervisor beside this executable)
+    #[arg(long)]
+    pub supervisor: Option<PathBuf>,
+    /// The first wait before a retry; it doubles up to 30 s, with jitter
+    #[arg(long, default_value = "250ms", value_parser = duration::parse)]
+    pub retry_base: Duration,
+}
+
+#[derive(Args)]
+pub struct CoordinatorArgs {
+    /// The coordinator's data folder: key and store
+    #[arg(long, default_value = coordinator::DEFAULT_DATA, global = true)]
+    pub data: PathBuf,
+    #[command(subcommand)]
+    pub command: CoordinatorCommand,
+}
+
+#[derive(Subcommand)]
+pub enum CoordinatorCommand {
+    /// Mint a one-time token and print its join file (JSON)
+    Token(TokenArgs),
+    /// Mint a token and print #cloud-config user data that joins a new machine by itself
+    UserData(UserDataArgs),
+    /// Answer joins, sessions and bundle downloads on one port
+    Serve(ServeArgs),
+    /// List the nodes: id, state, name, key, facts, last heartbeat
+    Nodes(NodesArgs),
+    /// Run a program on one node or all of them; prints the set id
+    Run(RunArgs),
+    /// Show a set's rows or one run's
+    Status(StatusArgs),
+    /// Copy a file from a run's folder; prints its sha256:HEX
+    Collect(CollectArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The node's id or name
+    #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+    pub node: Option<String>,
+    /// Every node
+    #[arg(long)]
+    pub all: bool,
+    /// The program file to stage and run
+    #[arg(long)]
+    pub program: PathBuf,
+    /// Stop the run after this long
+    #[arg(long, value_parser = duration::parse)]
+    pub timeout: Option<Duration>,
+    /// Bytes kept per output stream
+    #[arg(long)]
+    pub output_limit: Option<u64>,
+    /// An input file, NAME=FILE (repeatable)
+    #[arg(long = "input", value_parser = parse_label)]
+    pub inputs: Vec<(String, String)>,
+    /// An environment variable, NAME=VALUE (repeatable)
+    #[arg(long = "env", value_parser = parse_label)]
+    pub env: Vec<(String, String)>,
+    /// Runs per node in this set
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// The program's arguments
+    #[arg(last = true)]
+    pub args: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[arg(long, required_unless_present = "run", conflicts_with = "run")]
+    pub set: Option<String>,
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// Wait until every row is final
+    #[arg(long)]
+    pub poll: bool,
+}
+
+#[derive(Args)]
+pub struct CollectArgs {
+    #[arg(long)]
+    pub run: String,
+    /// The file, relative to the run's folder
+    #[arg(long)]
+    pub path: String,
+    /// Where to write it
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Clone)]
+pub struct TokenArgs {
+    /// How long the token may be used
+    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    pub ttl: Duration,
+    /// The node's name
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label for the node, KEY=VALUE (repeatable)
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// The coordinator's host:port as machines reach it (default: the serving coordinator's)
+    #[arg(long)]
+    pub address: Option<String>,
+    /// The bundle's SHA-256 to put in the join file
+    #[arg(long)]
+    pub bundle_sha256: Option<String>,
+}
+
+#[derive(Args)]
+pub struct UserDataArgs {
+    #[command(flatten)]
+    pub token: TokenArgs,
+    /// The machine's architecture: which bundle it fetches
+    #[arg(long, default_value = "x86_64", value_parser = ["x86_64", "arm64"])]
+    pub arch: String,
+    /// The folder holding hub-linux-<arch>.tar.gz (default: DATA/bundles)
+    #[arg(long)]
+    pub bundles: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Where to listen for agents and bundle downloads
+    #[arg(long, default_value_t = format!("0.0.0.0:{}", coordinator::DEFAULT_PORT))]
+    pub listen: String,
+    /// The host:port machines reach this coordinator at, for join files (default: the listen address)
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// The folder holding hub-linux-<arch>.tar.gz (default: DATA/bundles)
+    #[arg(long)]
+    pub bundles: Option<PathBuf>,
+    /// How often agents send heartbeats
+    #[arg(long, default_value = "5s", value_parser = duration::parse)]
+    pub heartbeat: Duration,
+    /// How long a node stays Joined without a heartbeat
+    #[arg(long, default_value = "20s", value_parser = duration::parse)]
+    pub lease: Duration,
+    /// The longest session certificate accepted
+    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    pub max_session_validity: Duration,
+    /// A run no node took within this long fails
+    #[arg(long, default_value = "20m", value_parser = duration::parse)]
+    pub waiting_timeout: Duration,
+}
+
+#[derive(Args)]
+pub struct NodesArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{text}` is not KEY=VALUE"))
+}

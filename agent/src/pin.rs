@@ -1,0 +1,253 @@
+//! Peers pinned by public key: Ed25519 key text, short-lived self-signed certificates, and the
+//! rustls verifiers that compare a certificate's key with the pinned one (no CA, no TOFU).
+use base64::Engine;
+use rcgen::{CertificateParams, KeyPair};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a public key is written in join files, logs and `nodes`.
+pub const KEY_PREFIX: &str = "ed25519:";
+/// The Ed25519 algorithm identifier (RFC 8410).
+const ED25519_OID: &str = "1.3.101.112";
+/// Certificates are back-dated this much so a peer whose clock is a little behind accepts them.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+/// `ed25519:<base64 of the 32 raw key bytes>`.
+pub fn key_text(raw: &[u8]) -> String {
+    format!(
+        "{KEY_PREFIX}{}",
+        base64::engine::general_purpose::STANDARD.encode(raw)
+    )
+}
+
+/// The raw key bytes of `ed25519:<base64>`, or None when the text is not such a key.
+pub fn parse_key_text(text: &str) -> Option<Vec<u8>> {
+    let b64 = text.strip_prefix(KEY_PREFIX)?;
+    let raw = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    (raw.len() == 32).then_some(raw)
+}
+
+/// What a peer's certificate says: its key and its validity window (Unix seconds).
+#[derive(Debug, Clone)]
+pub struct CertInfo {
+    pub key: Vec<u8>,
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+/// Reads the Ed25519 key and validity of a certificate; anything else is refused.
+pub fn cert_info(der: &[u8]) -> Result<CertInfo, rustls::Error> {
+    let bad = || rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding);
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|_| bad())?;
+    let spki = cert.public_key();
+    if spki.algorithm.algorithm.to_id_string() != ED25519_OID {
+        return Err(bad());
+    }
+    Ok(CertInfo {
+        key: spki.subject_public_key.data.to_vec(),
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+    })
+}
+
+/// A fresh self-signed certificate for `key`, valid from a little before now for `validity`.
+pub fn mint_cert(
+    key: &KeyPair,
+    validity: Duration,
+) -> Result<CertificateDer<'static>, rcgen::Error> {
+    let mut params = CertificateParams::new(vec!["fleet".to_string()])?;
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - CLOCK_SKEW;
+    params.not_after = now + validity;
+    Ok(params.self_signed(key)?.der().clone())
+}
+
+fn private_key(key: &KeyPair) -> PrivateKeyDer<'static> {
+    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()))
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The server name the agent asks for; the verifier ignores it because the key is what is pinned.
+pub fn server_name() -> ServerName<'static> {
+    ServerName::try_from("fleet-coordinator").expect("a valid DNS name")
+}
+
+/// A TLS 1.3 client that presents `cert` and talks only to a server holding the `pinned` key.
+/// When the server shows another key, it is written to `seen` so the caller can say which.
+pub fn client_config(
+    key: &KeyPair,
+    cert: CertificateDer<'static>,
+    pinned: Vec<u8>,
+    seen: Arc<Mutex<Option<Vec<u8>>>>,
+) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let provider = provider();
+    let verifier = PinnedServer {
+        pinned,
+        seen,
+        provider: provider.clone(),
+    };
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_client_auth_cert(vec![cert], private_key(key))?;
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(Arc::new(config))
+}
+
+/// A TLS 1.3 server that requires a client certificate and proves its holder has the key;
+/// which keys are welcome is decided after the handshake, from the store.
+pub fn server_config(
+    key: &KeyPair,
+    cert: CertificateDer<'static>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let provider = provider();
+    let verifier = AnyEd25519Client {
+        provider: provider.clone(),
+    };
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(verifier))
+        .with_single_cert(vec![cert], private_key(key))?;
+    // No tickets: nothing to resume, and the next server bytes after the handshake are the answer.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    Ok(Arc::new(config))
+}
+
+#[derive(Debug)]
+struct PinnedServer {
+    pinned: Vec<u8>,
+    seen: Arc<Mutex<Option<Vec<u8>>>>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedServer {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let info = cert_info(end_entity)?;
+        if info.key != self.pinned {
+            *self.seen.lock().expect("pin slot") = Some(info.key);
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls12NotOffered,
+        ))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+#[derive(Debug)]
+struct AnyEd25519Client {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for AnyEd25519Client {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        cert_info(end_entity)?;
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls12NotOffered,
+        ))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_text_round_trips() {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let text = key_text(key.public_key_raw());
+        assert_eq!(parse_key_text(&text).unwrap(), key.public_key_raw());
+        assert!(parse_key_text("ed25519:AAAA").is_none());
+        assert!(parse_key_text("rsa:xyz").is_none());
+    }
+
+    #[test]
+    fn minted_cert_carries_the_key_and_window() {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let cert = mint_cert(&key, Duration::from_secs(600)).unwrap();
+        let info = cert_info(&cert).unwrap();
+        assert_eq!(info.key, key.public_key_raw());
+        assert_eq!(info.not_after - info.not_before, 660);
+    }
+}

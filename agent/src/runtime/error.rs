@@ -1,0 +1,38 @@
+//! What a runtime call can fail with: one line per run, naming the run and what to do.
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The start named a digest that was never staged.
+    #[error(
+        "run {run_id}: program {program} is not staged on this node; stage it before starting the run"
+    )]
+    UnknownProgram { run_id: String, program: String },
+    /// The runtime holds no run with this id.
+    #[error("run {run_id} is not known to the run store")]
+    UnknownRun { run_id: String },
+    /// A collect path that would leave the run's folder.
+    #[error("run {run_id}: collect path {path} leaves the run folder; name a file inside it")]
+    PathEscapes { run_id: String, path: String },
+    /// The disk under the run store filled up (typically while copying inputs).
+    #[error(
+        "run {run_id}: the run store's disk is full ({detail}); free space or send smaller inputs"
+    )]
+    NoSpace { run_id: String, detail: String },
+    /// Any other refusal, carrying the runtime's own one-line reason.
+    #[error("run {run_id}: {reason}")]
+    Refused { run_id: String, reason: String },
+    /// A refusal not tied to one run (staging, listing).
+    #[error("{what} failed: {reason}")]
+    Failed { what: String, reason: String },
+    /// The supervisor binary could not be executed at all.
+    #[error(
+        "cannot run the supervisor {path}: {reason}; ship fleet-run-supervisor beside fleet-agent or pass its path"
+    )]
+    Spawn { path: PathBuf, reason: String },
+    /// The supervisor answered something this agent cannot parse: a version mismatch.
+    #[error(
+        "the supervisor's answer to {what} does not parse ({reason}); ship the fleet-run-supervisor built with this agent"
+    )]
+    Protocol { what: String, reason: String },
+}

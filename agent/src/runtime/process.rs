@@ -1,0 +1,303 @@
+//! [`ProcessRuntime`]: runs programs through the `fleet-run-supervisor` command line, one short
+//! child process per call, so runs are detached from the agent and survive its restarts.
+use super::{RunSpec, RunState, RunStatus, Runtime, RuntimeError, Started};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The supervisor's file name, shipped beside `fleet-agent`.
+pub const SUPERVISOR_NAME: &str = "fleet-run-supervisor";
+/// The run store used when none is given (the run store's own default).
+pub use run_store::layout::DEFAULT_ROOT;
+
+/// Drives `fleet-run-supervisor --root ROOT ...`.
+#[derive(Debug, Clone)]
+pub struct ProcessRuntime {
+    supervisor: PathBuf,
+    root: PathBuf,
+}
+
+impl ProcessRuntime {
+    /// A runtime using the supervisor at `supervisor` and the run store at `root`.
+    pub fn new(supervisor: impl Into<PathBuf>, root: impl Into<PathBuf>) -> ProcessRuntime {
+        ProcessRuntime {
+            supervisor: supervisor.into(),
+            root: root.into(),
+        }
+    }
+
+    /// A runtime using the supervisor shipped beside the running executable.
+    pub fn beside_current_exe(root: impl Into<PathBuf>) -> Result<ProcessRuntime, RuntimeError> {
+        let exe = std::env::current_exe().map_err(|e| RuntimeError::Spawn {
+            path: PathBuf::from(SUPERVISOR_NAME),
+            reason: format!(
+                "cannot find the agent's own executable: {}",
+                run_store::describe_io(&e)
+            ),
+        })?;
+        let dir = exe.parent().unwrap_or(Path::new("/"));
+        Ok(ProcessRuntime::new(dir.join(SUPERVISOR_NAME), root))
+    }
+
+    /// The supervisor binary this runtime runs.
+    pub fn supervisor(&self) -> &Path {
+        &self.supervisor
+    }
+
+    /// The run store this runtime uses.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The run store's reader: status and listing read the store's files in-process (the format
+    /// is the supervisor's library), saving a child process per run on every watch.
+    fn store(&self) -> run_store::Store {
+        run_store::Store::new(&self.root)
+    }
+
+    /// Runs one supervisor command to completion and returns its output, whatever its exit status.
+    fn call(&self, args: &[OsString]) -> Result<Output, RuntimeError> {
+        Command::new(&self.supervisor)
+            .arg("--root")
+            .arg(&self.root)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| RuntimeError::Spawn {
+                path: self.supervisor.clone(),
+                reason: run_store::describe_io(&e),
+            })
+    }
+
+    /// Like [`call`](Self::call), but a failure becomes the supervisor's one-line reason.
+    fn call_ok(&self, args: &[OsString]) -> Result<String, Refusal> {
+        let out = self.call(args).map_err(Refusal::Runtime)?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(Refusal::Said(reason(&out)))
+        }
+    }
+}
+
+/// A failed supervisor call: either it could not run, or it ran and refused with a reason.
+///
+/// The supervisor reports refusals as one line and exit status 1; the phrases matched below are
+/// its documented wording, and `tests/it/agent_runtime.rs` pins each mapping against the real binary.
+enum Refusal {
+    Runtime(RuntimeError),
+    Said(String),
+}
+
+impl Refusal {
+    /// Turns a refusal for `run_id` into the matching per-run error.
+    fn for_run(self, run_id: &str) -> RuntimeError {
+        let reason = match self {
+            Refusal::Runtime(e) => return e,
+            Refusal::Said(reason) => reason,
+        };
+        let run_id = run_id.to_string();
+        if reason.contains("no space left") {
+            RuntimeError::NoSpace {
+                run_id,
+                detail: reason,
+            }
+        } else if reason.starts_with("run ") && reason.contains(" does not exist in ") {
+            RuntimeError::UnknownRun { run_id }
+        } else {
+            RuntimeError::Refused { run_id, reason }
+        }
+    }
+
+    fn for_task(self, what: &str) -> RuntimeError {
+        match self {
+            Refusal::Runtime(e) => e,
+            Refusal::Said(reason) => RuntimeError::Failed {
+                what: what.to_string(),
+                reason,
+            },
+        }
+    }
+}
+
+/// The supervisor's reason for a failure: the last line it wrote to stderr, without its name.
+fn reason(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    let line = line
+        .strip_prefix(SUPERVISOR_NAME)
+        .map(|l| l.trim_start_matches(':').trim_start())
+        .unwrap_or(line);
+    let line = line
+        .strip_prefix("error:")
+        .map(str::trim_start)
+        .unwrap_or(line);
+    if line.is_empty() {
+        format!("the supervisor exited with {} and said nothing", out.status)
+    } else {
+        line.to_string()
+    }
+}
+
+impl Runtime for ProcessRuntime {
+    fn stage(&self, file: &Path) -> Result<String, RuntimeError> {
+        let out = self
+            .call_ok(&["stage".into(), file.into()])
+            .map_err(|r| r.for_task(&format!("staging {}", file.display())))?;
+        digest_line(&out, "stage")
+    }
+
+    fn start(&self, spec: &RunSpec) -> Result<Started, RuntimeError> {
+        let mut args: Vec<OsString> = vec![
+            "start".into(),
+            "--run".into(),
+            spec.run_id.clone().into(),
+            "--program".into(),
+            spec.program.clone().into(),
+        ];
+        if let Some(t) = spec.timeout {
+            args.extend(["--timeout".into(), seconds(t).into()]);
+        }
+        if let Some(g) = spec.grace {
+            args.extend(["--grace".into(), seconds(g).into()]);
+        }
+        if let Some(b) = spec.output_limit {
+            args.extend(["--output-limit".into(), b.to_string().into()]);
+        }
+        for (k, v) in &spec.env {
+            args.extend(["--env".into(), format!("{k}={v}").into()]);
+        }
+        for (name, file) in &spec.inputs {
+            let mut pair = OsString::from(format!("{name}="));
+            pair.push(file);
+            args.extend(["--input".into(), pair]);
+        }
+        args.push("--".into());
+        args.extend(spec.argv.iter().cloned());
+        match self.call_ok(&args) {
+            Ok(_) => Ok(Started::New),
+            // The supervisor's run-id claim: this start (or a redelivery of it) already happened.
+            Err(Refusal::Said(reason)) if reason.contains(" already exists in ") => {
+                Ok(Started::Already)
+            }
+            Err(Refusal::Said(reason)) if reason.contains(" is not staged in ") => {
+                Err(RuntimeError::UnknownProgram {
+                    run_id: spec.run_id.clone(),
+                    program: spec.program.clone(),
+                })
+            }
+            Err(r) => Err(r.for_run(&spec.run_id)),
+        }
+    }
+
+    fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
+        self.call_ok(&["stop".into(), "--run".into(), run_id.into()])
+            .map(drop)
+            .map_err(|r| r.for_run(run_id))
+    }
+
+    fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
+        let id = run_store::RunId::parse(run_id).map_err(|e| RuntimeError::Refused {
+            run_id: run_id.to_string(),
+            reason: e.to_string(),
+        })?;
+        match self.store().status(&id) {
+            Ok(status) => Ok(convert(status)),
+            Err(run_store::Error::UnknownRun { .. }) => Err(RuntimeError::UnknownRun {
+                run_id: run_id.to_string(),
+            }),
+            Err(e) => Err(RuntimeError::Refused {
+                run_id: run_id.to_string(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    fn collect(&self, run_id: &str, path: &str, out: &Path) -> Result<String, RuntimeError> {
+        let args: Vec<OsString> = vec![
+            "collect".into(),
+            "--run".into(),
+            run_id.into(),
+            "--path".into(),
+            path.into(),
+            "--out".into(),
+            out.into(),
+        ];
+        match self.call_ok(&args) {
+            Ok(stdout) => digest_line(&stdout, "collect"),
+            Err(Refusal::Said(reason))
+                if reason.contains("leaves the run folder") || reason.contains("is absolute") =>
+            {
+                Err(RuntimeError::PathEscapes {
+                    run_id: run_id.to_string(),
+                    path: path.to_string(),
+                })
+            }
+            Err(r) => Err(r.for_run(run_id)),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
+        let runs = self.store().list().map_err(|e| RuntimeError::Failed {
+            what: "listing runs".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(runs.into_iter().map(convert).collect())
+    }
+}
+
+impl From<run_store::State> for RunState {
+    fn from(state: run_store::State) -> RunState {
+        match state {
+            run_store::State::Starting => RunState::Starting,
+            run_store::State::Running => RunState::Running,
+            run_store::State::Finished => RunState::Finished,
+            run_store::State::Failed => RunState::Failed,
+            run_store::State::Lost => RunState::Lost,
+        }
+    }
+}
+
+/// The run store's view of a run, with its records as the JSON detail.
+fn convert(status: run_store::RunStatus) -> RunStatus {
+    let detail = serde_json::json!({
+        "run": status.id.as_str(),
+        "state": status.state.as_str(),
+        "owner": status.owner,
+        "result": status.result,
+    });
+    RunStatus {
+        run_id: status.id.to_string(),
+        state: status.state.into(),
+        detail,
+    }
+}
+
+/// The `sha256:HEX` line a command prints on success.
+fn digest_line(stdout: &str, what: &str) -> Result<String, RuntimeError> {
+    let line = stdout.trim();
+    run_store::Digest::parse(line)
+        .map(|_| line.to_string())
+        .map_err(|_| protocol(what, format!("expected sha256:HEX, got {line:?}")))
+}
+
+fn protocol(what: &str, reason: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Protocol {
+        what: what.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// A duration as the supervisor's seconds argument, keeping sub-second precision.
+fn seconds(d: std::time::Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        d.as_secs().to_string()
+    } else {
+        format!("{}", d.as_secs_f64())
+    }
+}

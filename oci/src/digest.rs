@@ -1,0 +1,293 @@
+//! Content digests (`sha256:<64 hex>`) and readers/writers that check bytes against one as they stream.
+use sha2::{Digest as _, Sha256};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::str::FromStr;
+
+/// A SHA-256 content digest, written `sha256:<64 lowercase hex>`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest([u8; 32]);
+
+/// Why a string is not a digest.
+#[derive(Debug, thiserror::Error)]
+#[error("bad digest {0:?}: expected sha256:<64 lowercase hex digits>")]
+pub struct DigestError(pub String);
+
+impl Digest {
+    /// The digest of some bytes.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest(Sha256::digest(bytes).into())
+    }
+
+    /// Parses `sha256:<64 lowercase hex>`; anything else (other algorithms, upper case) is refused.
+    pub fn parse(s: &str) -> Result<Digest, DigestError> {
+        let bad = || DigestError(s.to_string());
+        let hex_part = s.strip_prefix("sha256:").ok_or_else(bad)?;
+        if hex_part.len() != 64
+            || !hex_part
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(bad());
+        }
+        let mut raw = [0u8; 32];
+        hex::decode_to_slice(hex_part, &mut raw).map_err(|_| bad())?;
+        Ok(Digest(raw))
+    }
+
+    /// The 64 hex digits, without the `sha256:` prefix (the blob's file name in a layout).
+    pub fn hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// The raw 32 bytes.
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.hex())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for Digest {
+    type Err = DigestError;
+    fn from_str(s: &str) -> Result<Digest, DigestError> {
+        Digest::parse(s)
+    }
+}
+
+impl serde::Serialize for Digest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Digest, D::Error> {
+        let s = String::deserialize(d)?;
+        Digest::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A running SHA-256 with a byte count, for bytes that arrive in pieces.
+#[derive(Clone, Default)]
+pub struct Hasher {
+    sha: Sha256,
+    len: u64,
+}
+
+impl Hasher {
+    /// A fresh hasher.
+    pub fn new() -> Hasher {
+        Hasher::default()
+    }
+
+    /// Feeds more bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.sha.update(bytes);
+        self.len += bytes.len() as u64;
+    }
+
+    /// How many bytes went in so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether no bytes went in yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The digest and length of everything fed.
+    pub fn finish(self) -> (Digest, u64) {
+        (Digest(self.sha.finalize().into()), self.len)
+    }
+}
+
+/// A writer that hashes and counts what passes through it to an inner writer.
+pub struct DigestWriter<W> {
+    inner: W,
+    hasher: Hasher,
+}
+
+impl<W: Write> DigestWriter<W> {
+    /// Wraps a writer.
+    pub fn new(inner: W) -> DigestWriter<W> {
+        DigestWriter {
+            inner,
+            hasher: Hasher::new(),
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.hasher.len()
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.hasher.is_empty()
+    }
+
+    /// The inner writer.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.inner
+    }
+
+    /// The inner writer, the digest and the length of what was written.
+    pub fn finish(self) -> (W, Digest, u64) {
+        let (digest, len) = self.hasher.finish();
+        (self.inner, digest, len)
+    }
+}
+
+impl<W: Write> Write for DigestWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The message for bytes that do not match the digest they were asked for.
+pub fn mismatch_message(what: &str, expected: &Digest, actual: &Digest, len: u64) -> String {
+    format!("{what} {expected} does not match its digest: its {len} bytes hash to {actual}")
+}
+
+/// A reader that checks the bytes it yields against an expected digest (and size, when known).
+///
+/// At end of stream it returns an `InvalidData` error instead of `Ok(0)` when the bytes do not
+/// match, so no caller can take unverified bytes for good ones by forgetting a final check.
+pub struct VerifyingReader<R> {
+    inner: R,
+    expected: Digest,
+    expected_size: Option<u64>,
+    what: String,
+    hasher: Hasher,
+    verified: bool,
+}
+
+impl<R: Read> VerifyingReader<R> {
+    /// Wraps a reader; `what` names the bytes in error messages (e.g. `blob`).
+    pub fn new(
+        inner: R,
+        expected: Digest,
+        expected_size: Option<u64>,
+        what: &str,
+    ) -> VerifyingReader<R> {
+        VerifyingReader {
+            inner,
+            expected,
+            expected_size,
+            what: what.to_string(),
+            hasher: Hasher::new(),
+            verified: false,
+        }
+    }
+
+    /// Whether the stream was read to its end and matched.
+    pub fn is_verified(&self) -> bool {
+        self.verified
+    }
+
+    fn error(&self, message: String) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, message)
+    }
+}
+
+impl<R: Read> Read for VerifyingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        if let Some(size) = self.expected_size
+            && self.hasher.len() > size
+        {
+            return Err(self.error(format!(
+                "{} {} is longer than its recorded size of {size} bytes",
+                self.what, self.expected
+            )));
+        }
+        if n == 0 && !self.verified {
+            let (actual, len) = self.hasher.clone().finish();
+            if actual != self.expected {
+                return Err(self.error(mismatch_message(&self.what, &self.expected, &actual, len)));
+            }
+            if let Some(size) = self.expected_size
+                && len != size
+            {
+                return Err(self.error(format!(
+                    "{} {} has {len} bytes but its descriptor says {size}",
+                    self.what, self.expected
+                )));
+            }
+            self.verified = true;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EMPTY: &str = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+    #[test]
+    fn parses_and_displays_the_empty_digest() {
+        let d = Digest::parse(EMPTY).unwrap();
+        assert_eq!(d, Digest::of(b""));
+        assert_eq!(d.to_string(), EMPTY);
+    }
+
+    #[test]
+    fn refuses_other_algorithms_and_upper_case() {
+        for bad in [
+            "sha512:00",
+            "sha256:ABC",
+            &EMPTY.to_uppercase(),
+            "sha256:",
+            &EMPTY[..70],
+        ] {
+            let e = Digest::parse(bad).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("bad digest {bad:?}: expected sha256:<64 lowercase hex digits>")
+            );
+        }
+    }
+
+    #[test]
+    fn verifying_reader_passes_good_bytes_and_fails_bad_ones() {
+        let good = Digest::of(b"hello");
+        let mut out = Vec::new();
+        let mut r = VerifyingReader::new(&b"hello"[..], good, Some(5), "blob");
+        io::copy(&mut r, &mut out).unwrap();
+        assert!(r.is_verified());
+        let mut r = VerifyingReader::new(&b"hellO"[..], good, None, "blob");
+        let e = io::copy(&mut r, &mut io::sink()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "blob {good} does not match its digest: its 5 bytes hash to {}",
+                Digest::of(b"hellO")
+            )
+        );
+        let mut r = VerifyingReader::new(&b"hello!"[..], good, Some(5), "blob");
+        assert!(io::copy(&mut r, &mut io::sink()).is_err());
+    }
+}

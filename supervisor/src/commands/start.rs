@@ -1,0 +1,227 @@
+//! `start`: claims the run id, checks the program and inputs, then forks the detached
+//! supervisor and returns once the program was exec'd (or refused), printing the state.
+use super::io_line;
+use crate::args::Start;
+use crate::supervise::{self, Plan, REPORT_OK};
+use crate::sys::{self, Forked};
+use anyhow::{Result, anyhow, bail};
+use run_store::layout::{OWNER_FILE, RESERVED_NAMES};
+use run_store::{Digest, Owner, Phase, RunId, Step, Store, atomic, describe_io};
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Instant, SystemTime};
+
+/// The environment every program gets before `--env` (never the caller's).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+pub fn run(store: &Store, start: Start) -> Result<i32> {
+    let (started, clock) = (SystemTime::now(), Instant::now());
+    let id = RunId::parse(&start.run)?;
+    let digest = Digest::parse(&start.program)?;
+    check_inputs(&start.inputs)?;
+    claim(store, &id)?;
+
+    let dir = store.run_dir(&id);
+    let program = store.program_path(&digest);
+    let argv = std::iter::once(program.clone().into_os_string())
+        .chain(start.args)
+        .collect();
+    let plan = Plan {
+        store: store.clone(),
+        env: environment(&dir, &id, start.env),
+        id,
+        digest,
+        program,
+        argv,
+        timeout: start.timeout,
+        grace: start.grace,
+        output_limit: start.output_limit,
+        keep: start.keep,
+        use_cgroup: !start.no_cgroup,
+        started,
+        clock,
+    };
+    if let Err((step, message)) = verify(&plan).and_then(|()| copy_inputs(&plan, &start.inputs)) {
+        match plan.record_failure(step, &message) {
+            Ok(()) => bail!("{message}"),
+            Err(e) => bail!(
+                "{message} (and its failure record could not be written: {}; the run reads as lost)",
+                describe_io(&e)
+            ),
+        }
+    }
+    detach(plan)
+}
+
+/// Input names are plain file names in the run folder that do not shadow its record.
+fn check_inputs(inputs: &[(String, std::path::PathBuf)]) -> Result<()> {
+    for (n, (name, _)) in inputs.iter().enumerate() {
+        let plain = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !plain || name.is_empty() || name.len() > 255 || name == "." || name == ".." {
+            bail!("bad input name {name:?}: use a file name of A-Z a-z 0-9 . _ -");
+        }
+        if RESERVED_NAMES.contains(&name.as_str()) {
+            bail!("bad input name {name:?}: the run's own {name} lives there");
+        }
+        if inputs[..n].iter().any(|(other, _)| other == name) {
+            bail!("bad input name {name:?}: given twice");
+        }
+    }
+    Ok(())
+}
+
+/// The atomic claim: the run folder is built in tmp/ with its owner inside, then renamed into
+/// runs/ unless the id exists, so a reader never sees a run without an owner.
+fn claim(store: &Store, id: &RunId) -> Result<()> {
+    let runs = store.runs_dir();
+    let cannot = || format!("cannot create run {:?} in {}", id.as_str(), runs.display());
+    fs::create_dir_all(&runs).map_err(io_line(cannot()))?;
+    let tmp = store.tmp_dir();
+    fs::create_dir_all(&tmp).map_err(io_line(cannot()))?;
+    let staging = tmp.join(format!("claim-{}-{}", id, std::process::id()));
+    let _ = fs::remove_dir_all(&staging);
+    let owner = Owner::for_self(Phase::Starting, None).map_err(io_line(cannot()))?;
+    let json = serde_json::to_vec(&owner)?;
+    let built = fs::create_dir(&staging)
+        .and_then(|()| atomic::write(&staging, OWNER_FILE, &json, false))
+        .and_then(|()| sys::rename_noreplace(&staging, &store.run_dir(id)));
+    if let Err(e) = built {
+        let _ = fs::remove_dir_all(&staging);
+        if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
+            bail!(
+                "run {:?} already exists in {}: a run id is started at most once",
+                id.as_str(),
+                runs.display()
+            );
+        }
+        return Err(io_line(cannot())(e));
+    }
+    // Durable before anything runs, so a redelivered start after a crash is still refused.
+    atomic::sync_dir(&runs).map_err(io_line(cannot()))
+}
+
+/// The clean default environment, then `--env` (a later value for a name wins).
+fn environment(
+    dir: &Path,
+    id: &RunId,
+    extra: Vec<(OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), dir.as_os_str().to_owned()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("FLEET_RUN_ID".into(), id.as_str().into()),
+    ];
+    for (k, v) in extra {
+        env.retain(|(old, _)| *old != k);
+        env.push((k, v));
+    }
+    env
+}
+
+type StepError = (Step, String);
+
+/// The staged bytes still hash to their name.
+fn verify(plan: &Plan) -> Result<(), StepError> {
+    let root = plan.store.root().display();
+    let file = match File::open(&plan.program) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err((
+                Step::Stage,
+                format!(
+                    "program {} is not staged in {root}: run `fleet-run-supervisor stage FILE` first",
+                    plan.digest
+                ),
+            ));
+        }
+        Err(e) => return Err(verify_error(plan, &e)),
+    };
+    let actual = Digest::of_reader(file).map_err(|e| verify_error(plan, &e))?;
+    if actual != plan.digest {
+        return Err((
+            Step::Verify,
+            format!(
+                "program {} in {root} no longer matches its digest (its bytes hash to {actual}): stage it again",
+                plan.digest
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn verify_error(plan: &Plan, e: &io::Error) -> StepError {
+    let reason = describe_io(e);
+    (
+        Step::Verify,
+        format!("cannot read program {}: {reason}", plan.digest),
+    )
+}
+
+/// Copies each `--input` into the run folder.
+fn copy_inputs(plan: &Plan, inputs: &[(String, std::path::PathBuf)]) -> Result<(), StepError> {
+    let dir = plan.run_dir();
+    for (name, path) in inputs {
+        let unreadable = |reason: String| {
+            let path = path.display();
+            (
+                Step::Input,
+                format!("input {name:?} cannot be read from {path}: {reason}"),
+            )
+        };
+        let mut src = File::open(path).map_err(|e| unreadable(describe_io(&e)))?;
+        match src.metadata() {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Err(unreadable("it is not a regular file".to_string())),
+            Err(e) => return Err(unreadable(describe_io(&e))),
+        }
+        let copied = File::create(dir.join(name)).and_then(|mut dst| io::copy(&mut src, &mut dst));
+        if let Err(e) = copied {
+            let reason = describe_io(&e);
+            let id = plan.id.as_str();
+            return Err((
+                Step::Input,
+                format!("input {name:?} cannot be copied into run {id:?}: {reason}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Forks the supervisor into its own session (reparented away from the caller once `start`
+/// exits) and waits for its word that the program was exec'd or refused. One fork, not two:
+/// the supervisor never opens a terminal, so being a session leader costs nothing, and each
+/// extra process hop is a scheduling delay on a busy machine.
+fn detach(plan: Plan) -> Result<i32> {
+    let id = plan.id.to_string();
+    let (read, write) = sys::pipe().map_err(io_line("cannot create a pipe"))?;
+    match sys::fork().map_err(io_line("cannot fork the supervisor"))? {
+        Forked::Child => {
+            drop(read);
+            let _ = sys::setsid();
+            let _ = sys::detach_fds(write.as_raw_fd());
+            let _ = std::env::set_current_dir("/");
+            std::process::exit(supervise::supervise(plan, write));
+        }
+        Forked::Parent(_) => {
+            drop(write);
+            let mut report = Vec::new();
+            let _ = File::from(read).read_to_end(&mut report);
+            if report == REPORT_OK {
+                println!("running");
+                return Ok(0);
+            }
+            if report.is_empty() {
+                return Err(anyhow!(
+                    "the supervisor of run {id:?} died before the program started: the run reads as lost"
+                ));
+            }
+            Err(anyhow!("{}", String::from_utf8_lossy(&report)))
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! Run ids: 1 to 64 characters of `[A-Za-z0-9._-]`, never `.` or `..`, so an id is always one
+//! safe path component.
+use crate::Error;
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunId(String);
+
+impl RunId {
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if s.is_empty() || s.len() > 64 || s == "." || s == ".." || !s.chars().all(allowed) {
+            return Err(Error::BadRunId(s.to_string()));
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunId;
+
+    #[test]
+    fn accepts_safe_components_only() {
+        for good in ["a", "build-1.2_x", ".hidden", "..x", &"z".repeat(64)] {
+            assert!(RunId::parse(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", "ü", &"z".repeat(65), "a\0b"] {
+            assert!(RunId::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

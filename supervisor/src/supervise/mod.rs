@@ -1,0 +1,357 @@
+//! The detached supervisor of one run: spawns the program without a shell, reads its output,
+//! enforces the timeout on the whole tree, reaps everything, then writes result.json.
+mod retention;
+mod sink;
+mod tree;
+
+use crate::sys::{self, Ended, Reaped};
+use run_store::layout::{OWNER_FILE, RESULT_FILE, STDERR_FILE, STDOUT_FILE};
+use run_store::record::{FinalState, RunResult, SCHEMA};
+use run_store::{Digest, Failure, Owner, Phase, RunId, Step, Store, atomic, clock, describe_io};
+use sink::Sink;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+use tree::{Cgroup, Tree};
+
+pub use retention::prune;
+pub use sink::LAST_BYTES;
+
+/// Everything a run needs, fixed by `start` before the supervisor detaches.
+pub struct Plan {
+    pub store: Store,
+    pub id: RunId,
+    pub digest: Digest,
+    pub program: PathBuf,
+    /// The full argv, argv[0] included.
+    pub argv: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    pub timeout: Option<Duration>,
+    pub grace: Duration,
+    pub output_limit: u64,
+    pub keep: usize,
+    pub use_cgroup: bool,
+    pub started: SystemTime,
+    pub clock: Instant,
+}
+
+/// What the supervisor tells `start` through the report pipe.
+pub const REPORT_OK: &[u8] = b"ok";
+
+impl Plan {
+    pub fn run_dir(&self) -> PathBuf {
+        self.store.run_dir(&self.id)
+    }
+
+    /// A record with the run's fixed facts and no outcome yet.
+    fn record(&self, state: FinalState) -> RunResult {
+        RunResult {
+            schema: SCHEMA,
+            run: self.id.to_string(),
+            program: self.digest.to_string(),
+            argv: self
+                .argv
+                .iter()
+                .map(|a| run_store::Bytes(a.as_bytes().to_vec()))
+                .collect(),
+            state,
+            started: clock::rfc3339(self.started),
+            ended: clock::rfc3339(SystemTime::now()),
+            duration_s: self.clock.elapsed().as_secs_f64(),
+            pid: None,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            stopped: false,
+            timeout_s: self.timeout.map(|t| t.as_secs_f64()),
+            grace_s: self.grace.as_secs_f64(),
+            grace_used_s: None,
+            killed: false,
+            containment: None,
+            output_limit: self.output_limit,
+            stdout: None,
+            stderr: None,
+            failure: None,
+        }
+    }
+
+    /// Records that the run never started, durably, then applies retention.
+    pub fn record_failure(&self, step: Step, reason: &str) -> io::Result<()> {
+        let mut r = self.record(FinalState::Failed);
+        r.failure = Some(Failure {
+            step,
+            reason: reason.to_string(),
+        });
+        self.finish(&r)
+    }
+
+    fn finish(&self, r: &RunResult) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(r).map_err(io::Error::other)?;
+        atomic::write(&self.run_dir(), RESULT_FILE, &json, true)?;
+        prune(&self.store, self.keep);
+        Ok(())
+    }
+}
+
+/// Why the tree is being terminated.
+#[derive(Clone, Copy, PartialEq)]
+enum Reason {
+    Timeout,
+    Stop,
+}
+
+/// Runs in the detached process: supervises the run to its end and returns the exit code.
+pub fn supervise(plan: Plan, report: OwnedFd) -> i32 {
+    // Writing to a `start` that has gone must not kill the supervisor.
+    // SAFETY: setting a signal's disposition touches no Rust state.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    match prepare_and_spawn(&plan) {
+        Ok(running) => {
+            let _ = sys::write_raw(report.as_raw_fd(), REPORT_OK);
+            drop(report);
+            watch(&plan, running)
+        }
+        Err(message) => {
+            let _ = sys::write_raw(report.as_raw_fd(), message.as_bytes());
+            1
+        }
+    }
+}
+
+struct Running {
+    tree: Tree,
+    pid: libc::pid_t,
+    signals: OwnedFd,
+    out: Sink,
+    err: Sink,
+}
+
+/// Everything up to the program's exec; an error is the line `start` prints.
+fn prepare_and_spawn(plan: &Plan) -> Result<Running, String> {
+    let dir = plan.run_dir();
+    let setup = |what: &str, e: io::Error| {
+        let message = format!(
+            "cannot {what} for run {:?}: {}",
+            plan.id.as_str(),
+            describe_io(&e)
+        );
+        record_or_note(plan, Step::Exec, message)
+    };
+    // Emulators (qemu-user) refuse this; the cgroup then still finds the orphans.
+    let subreaper = sys::set_child_subreaper().is_ok();
+    let signals = sys::signalfd(sys::HANDLED).map_err(|e| setup("watch signals", e))?;
+    let stdout = File::create(dir.join(STDOUT_FILE)).map_err(|e| setup("create stdout", e))?;
+    let stderr = File::create(dir.join(STDERR_FILE)).map_err(|e| setup("create stderr", e))?;
+    let cgroup = if plan.use_cgroup {
+        Cgroup::create()
+    } else {
+        None
+    };
+
+    let argv: Vec<&[u8]> = plan.argv.iter().map(|a| a.as_bytes()).collect();
+    let envp: Vec<Vec<u8>> = plan
+        .env
+        .iter()
+        .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
+        .collect();
+    let Some(exec) = sys::Exec::new(plan.program.as_os_str().as_bytes(), &argv, &envp) else {
+        let message = "an argument or --env value holds a NUL byte, which execve cannot pass";
+        return Err(record_or_note(plan, Step::Exec, message.to_string()));
+    };
+    let dir_c = match std::ffi::CString::new(dir.as_os_str().as_bytes()) {
+        Ok(d) => d,
+        Err(_) => {
+            return Err(record_or_note(
+                plan,
+                Step::Exec,
+                "the run folder's path holds a NUL byte".into(),
+            ));
+        }
+    };
+    let place = sys::Placement {
+        dir: &dir_c,
+        cgroup_dir: cgroup.as_ref().map(Cgroup::dir_fd),
+        cgroup_procs: cgroup.as_ref().map(Cgroup::procs_fd),
+    };
+    let spawned = match sys::spawn(&exec, &place) {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            let message = format!(
+                "program {} cannot be executed: {}",
+                plan.digest,
+                describe_io(&e)
+            );
+            return Err(record_or_note(plan, Step::Exec, message));
+        }
+    };
+    let pid = spawned.pid;
+    let out = Sink::new(File::from(spawned.stdout), stdout, plan.output_limit);
+    let err = Sink::new(File::from(spawned.stderr), stderr, plan.output_limit);
+    // A reader now sees `running` with this process as the owner.
+    if let Ok(owner) = Owner::for_self(Phase::Running, Some(pid as u32))
+        && let Ok(json) = serde_json::to_vec(&owner)
+    {
+        let _ = atomic::write(&dir, OWNER_FILE, &json, false);
+    }
+    Ok(Running {
+        tree: Tree {
+            cgroup,
+            leader: Some(pid),
+            subreaper,
+        },
+        pid,
+        signals,
+        out,
+        err,
+    })
+}
+
+/// Records a failure and returns the message, noting when even the record could not be written.
+fn record_or_note(plan: &Plan, step: Step, message: String) -> String {
+    match plan.record_failure(step, &message) {
+        Ok(()) => message,
+        Err(e) => format!(
+            "{message} (and its failure record could not be written: {}; the run reads as lost)",
+            describe_io(&e)
+        ),
+    }
+}
+
+/// How long pipes may stay open after the whole tree is gone (only a process outside the tree
+/// that was handed the pipe could hold them).
+const DRAIN_AFTER_TREE: Duration = Duration::from_secs(1);
+/// How often SIGKILL is repeated until no descendant is left.
+const KILL_EVERY: Duration = Duration::from_millis(20);
+
+fn watch(plan: &Plan, mut run: Running) -> i32 {
+    let mut buf = vec![0u8; 64 * 1024];
+    let deadline = plan.timeout.map(|t| plan.clock + t);
+    let mut ended: Option<Ended> = None;
+    let mut children_gone = false;
+    let mut tree_gone_at: Option<Instant> = None;
+    let mut terminating: Option<(Reason, Instant)> = None;
+    let mut killed = false;
+    let mut last_kill: Option<Instant> = None;
+    let mut grace_used = None;
+
+    loop {
+        let now = Instant::now();
+        if let Some(gone) = tree_gone_at
+            && ((run.out.pipe.is_none() && run.err.pipe.is_none())
+                || now >= gone + DRAIN_AFTER_TREE)
+        {
+            break;
+        }
+        // Time-driven steps: the timeout, then SIGKILL after the grace period, repeated.
+        if tree_gone_at.is_none() {
+            match terminating {
+                None if deadline.is_some_and(|d| now >= d) => {
+                    run.tree.signal(libc::SIGTERM);
+                    terminating = Some((Reason::Timeout, now));
+                }
+                Some((_, since))
+                    if now >= since + plan.grace
+                        && last_kill.is_none_or(|at| now >= at + KILL_EVERY) =>
+                {
+                    if !killed {
+                        killed = true;
+                        grace_used = Some(plan.grace);
+                    }
+                    run.tree.signal(libc::SIGKILL);
+                    last_kill = Some(now);
+                }
+                _ => {}
+            }
+        }
+        let wake = match (tree_gone_at, terminating) {
+            (Some(gone), _) => Some(gone + DRAIN_AFTER_TREE),
+            // Orphans outside our reach as parent: watch the cgroup empty.
+            (None, _) if children_gone => Some(now + KILL_EVERY),
+            (None, None) => deadline,
+            (None, Some(_)) if killed => last_kill.map(|at| at + KILL_EVERY),
+            (None, Some((_, since))) => Some(since + plan.grace),
+        };
+        let timeout_ms = wake.map_or(-1, |w| {
+            w.saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, i32::MAX as u128) as i32
+        });
+
+        let mut fds = vec![run.signals.as_raw_fd()];
+        let pipes: Vec<bool> = [&run.out, &run.err]
+            .iter()
+            .map(|s| s.pipe.as_ref().map(|p| fds.push(p.as_raw_fd())).is_some())
+            .collect();
+        let ready = match sys::poll_readable(&fds, timeout_ms) {
+            Ok(ready) => ready,
+            Err(_) => vec![true; fds.len()],
+        };
+        let mut next = 1;
+        for (open, sink) in pipes.into_iter().zip([&mut run.out, &mut run.err]) {
+            if open {
+                if ready[next] {
+                    sink.read_once(&mut buf);
+                }
+                next += 1;
+            }
+        }
+        if ready[0] {
+            while let Some(signal) = sys::read_signal(&run.signals) {
+                if signal != libc::SIGCHLD && terminating.is_none() && tree_gone_at.is_none() {
+                    // `stop` (or anyone) asked the supervisor to end the run.
+                    run.tree.signal(libc::SIGTERM);
+                    terminating = Some((Reason::Stop, Instant::now()));
+                }
+            }
+            loop {
+                match sys::reap_any() {
+                    Reaped::One(pid, how) => {
+                        if pid == run.pid {
+                            ended = Some(how);
+                            run.tree.leader = None;
+                        }
+                    }
+                    Reaped::NoneYet => break,
+                    Reaped::NoChildren => {
+                        children_gone = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if children_gone && tree_gone_at.is_none() && run.tree.is_empty() {
+            tree_gone_at = Some(Instant::now());
+            if let (Some((_, since)), false) = (terminating, killed) {
+                grace_used = Some(since.elapsed());
+            }
+        }
+    }
+
+    let mut r = plan.record(FinalState::Finished);
+    r.pid = Some(run.pid as u32);
+    match ended {
+        Some(Ended::Code(code)) => r.exit_code = Some(code),
+        Some(Ended::Signal(signal)) => r.signal = Some(signal),
+        None => {}
+    }
+    r.timed_out = terminating.is_some_and(|(why, _)| why == Reason::Timeout);
+    r.stopped = terminating.is_some_and(|(why, _)| why == Reason::Stop);
+    r.grace_used_s = grace_used.map(|g| g.as_secs_f64());
+    r.killed = killed;
+    r.containment = Some(run.tree.containment().to_string());
+    r.stdout = Some(run.out.record());
+    r.stderr = Some(run.err.record());
+    // The cgroup goes before the record, so a finished run leaves nothing behind.
+    drop(run.tree);
+    match plan.finish(&r) {
+        Ok(()) => 0,
+        // Nobody listens any more; the run reads as lost, which is the truth.
+        Err(_) => 1,
+    }
+}

@@ -1,0 +1,553 @@
+//! Tests: agent_runtime — the node's durable store under SIGKILL, and the process runtime and its
+//! watcher against the real `fleet-run-supervisor`.
+use fleet_agent::runtime::{ProcessRuntime, RunSpec, RunState, Runtime, Started, sync_runs};
+use fleet_agent::state::{Event, Store};
+use serde_json::json;
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------------
+// The store under SIGKILL: a writer child process is killed at random points, again and again.
+
+/// Set in the writer child: the state directory to work in.
+const WRITER_DIR: &str = "AGENT_RUNTIME_WRITER_DIR";
+/// Set in the writer child: the first operation to apply.
+const WRITER_FIRST: &str = "AGENT_RUNTIME_WRITER_FIRST";
+const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+/// One command as a node applies it: answered from the record when already applied; otherwise its
+/// run is tracked, moved through its states, and the result recorded before it is "reported".
+fn apply(store: &Store, n: u64, report: &mut impl std::io::Write) {
+    let op = format!("op-{n}");
+    let run = format!("run-{n}");
+    if let Some(result) = store.applied(&op).unwrap() {
+        writeln!(report, "answered {n} {result}").unwrap();
+        return;
+    }
+    store.track_run(&run, DIGEST).unwrap();
+    store
+        .transition(&run, RunState::Running, json!({}))
+        .unwrap();
+    store
+        .transition(&run, RunState::Finished, json!({ "n": n }))
+        .unwrap();
+    store.record_applied(&op, &json!({ "run": run })).unwrap();
+    writeln!(report, "reported {n}").unwrap();
+}
+
+/// The writer: in the crash test's child (env set) it applies operations until it is killed; run
+/// on its own it applies a few and checks each was recorded before it was reported.
+#[test]
+fn writer_records_each_operation_before_reporting_it() {
+    if let Ok(dir) = std::env::var(WRITER_DIR) {
+        let first: u64 = std::env::var(WRITER_FIRST).unwrap().parse().unwrap();
+        let store = Store::open(Path::new(&dir)).unwrap();
+        let mut out = std::io::stdout();
+        writeln!(out, "ready").unwrap();
+        // Bounded, so a parent that never kills it cannot leave it running forever.
+        for n in first..first + 5_000 {
+            apply(&store, n, &mut out);
+        }
+        return;
+    }
+    let dir = testkit::tempdir();
+    let store = Store::open(dir.path()).unwrap();
+    let mut report = Vec::new();
+    for n in 0..5 {
+        apply(&store, n, &mut report);
+    }
+    apply(&store, 3, &mut report);
+    let report = String::from_utf8(report).unwrap();
+    assert_eq!(
+        report,
+        "reported 0\nreported 1\nreported 2\nreported 3\nreported 4\nanswered 3 {\"run\":\"run-3\"}\n"
+    );
+    assert_eq!(store.pending_events(0, 100).unwrap().len(), 15);
+}
+
+/// A small deterministic generator, so a failing kill schedule can be replayed from its seed.
+struct XorShift(u64);
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn sigkill_at_random_points_never_loses_a_report_or_spools_a_transition_twice() {
+    let dir = testkit::tempdir();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    let mut rng = XorShift(seed);
+    let mut reported: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut answered = 0;
+    let mut next = 0;
+    // What the "coordinator" (this test) received: ids and (run, state) pairs, each exactly once.
+    let mut delivered: HashSet<(String, RunState)> = HashSet::new();
+    let mut last_id = 0;
+    let kills = 60;
+    for kill in 0..kills {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "writer_records_each_operation_before_reporting_it",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(WRITER_DIR, dir.path())
+            .env(WRITER_FIRST, next.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // Wait until the writer works, then let it run a random while (0 to 60 ms) and kill it.
+        // (libtest prints the test's name without a newline first, so "ready" ends that line.)
+        for line in lines.by_ref() {
+            if line.unwrap().ends_with("ready") {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_micros(rng.below(60_000)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for line in lines {
+            let line = line.unwrap();
+            let mut words = line.splitn(3, ' ');
+            match (words.next(), words.next()) {
+                (Some("reported"), Some(n)) => {
+                    *reported.entry(n.parse().unwrap()).or_default() += 1;
+                }
+                (Some("answered"), Some(n)) => {
+                    answered += 1;
+                    let n: u64 = n.parse().unwrap();
+                    assert_eq!(
+                        words.next(),
+                        Some(format!("{{\"run\":\"run-{n}\"}}").as_str())
+                    );
+                    *reported.entry(n).or_default() += 1;
+                }
+                _ => {}
+            }
+        }
+        // The child is dead: reopen the store as a restarted agent would, and check it.
+        let store =
+            Store::open(dir.path()).unwrap_or_else(|e| panic!("seed {seed}, kill {kill}: {e}"));
+        for n in reported.keys() {
+            assert_eq!(
+                store.applied(&format!("op-{n}")).unwrap(),
+                Some(json!({ "run": format!("run-{n}") })),
+                "seed {seed}: op-{n} was reported but not recorded"
+            );
+        }
+        let events = store.pending_events(last_id, usize::MAX).unwrap();
+        for Event {
+            id, run_id, state, ..
+        } in &events
+        {
+            assert!(*id > last_id, "seed {seed}: event id {id} after {last_id}");
+            last_id = *id;
+            assert!(
+                delivered.insert((run_id.clone(), *state)),
+                "seed {seed}: {run_id} {state} spooled twice"
+            );
+        }
+        store.ack_events(last_id).unwrap();
+        assert_eq!(
+            store.last_event_id().unwrap(),
+            last_id,
+            "seed {seed}: an id was lost"
+        );
+        // Redeliver the first operation that was not reported: it may have been applied already.
+        next = reported.keys().next_back().map_or(0, |n| n + 1);
+    }
+    // Finish the last operation that may be half done, as a last restart would.
+    let store = Store::open(dir.path()).unwrap();
+    let mut tail = Vec::new();
+    apply(&store, next, &mut tail);
+    for event in store.pending_events(last_id, usize::MAX).unwrap() {
+        assert!(
+            delivered.insert((event.run_id.clone(), event.state)),
+            "seed {seed}"
+        );
+    }
+    let ops = next + 1;
+    assert!(
+        ops >= 10,
+        "seed {seed}: only {ops} operations in {kills} kills"
+    );
+    // Every operation produced its three transitions exactly once, and none was lost.
+    assert_eq!(delivered.len() as u64, 3 * ops, "seed {seed}");
+    for n in 0..ops {
+        for state in [RunState::Starting, RunState::Running, RunState::Finished] {
+            assert!(
+                delivered.contains(&(format!("run-{n}"), state)),
+                "seed {seed}: run-{n} {state} never spooled"
+            );
+        }
+    }
+    eprintln!("{kills} kills, {ops} operations, {answered} answered from the record (seed {seed})");
+    // A redelivery answered from the record counts as the (duplicate) acknowledgement it is.
+    assert!(
+        reported.values().all(|&c| c <= 2),
+        "seed {seed}: {reported:?} ({answered} answered)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process runtime and the watcher against the real supervisor.
+
+fn runtime(root: &Path) -> ProcessRuntime {
+    ProcessRuntime::new(testkit::bin("fleet-run-supervisor"), root)
+}
+
+/// `sha256:HEX` of a file, by `sha256sum`: an oracle independent of our code.
+fn sha256sum(path: &Path) -> String {
+    let out = testkit::ok(Command::new("sha256sum").arg(path));
+    format!("sha256:{}", out.split_whitespace().next().unwrap())
+}
+
+/// Polls the runtime until the run reaches `state` (or fails the test after 10 s).
+fn wait_for(rt: &ProcessRuntime, run: &str, state: RunState) -> fleet_agent::runtime::RunStatus {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = rt.status(run).unwrap();
+        if status.state == state {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run} stuck in {}",
+            status.state
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A spec running `/bin/sh -c SCRIPT ARG...` once `/bin/sh` is staged.
+fn shell(run: &str, program: &str, script: &str) -> RunSpec {
+    let mut spec = RunSpec::new(run, program);
+    spec.argv = vec!["-c".into(), script.into(), "sh".into()];
+    spec.timeout = Some(Duration::from_secs(20));
+    spec
+}
+
+#[test]
+fn a_run_is_staged_started_once_and_collected_through_the_real_supervisor() {
+    use std::os::unix::ffi::OsStringExt;
+    let dir = testkit::tempdir();
+    let rt = runtime(&dir.path().join("runs"));
+    let program = rt.stage(Path::new("/bin/sh")).unwrap();
+    assert_eq!(program, sha256sum(Path::new("/bin/sh")));
+
+    let marks = dir.path().join("marks");
+    let mut spec = shell(
+        "r-1",
+        &program,
+        r#"printf %s "$1" > out.bin; echo ran >> "$MARKS""#,
+    );
+    spec.argv
+        .push(std::ffi::OsString::from_vec(vec![0xff, b'a', 0xfe]));
+    spec.env = vec![("MARKS".into(), marks.display().to_string())];
+    spec.output_limit = Some(4096);
+    assert_eq!(rt.start(&spec).unwrap(), Started::New);
+    let done = wait_for(&rt, "r-1", RunState::Finished);
+    assert_eq!(done.detail["result"]["exit_code"], 0);
+    assert_eq!(done.detail["result"]["output_limit"], 4096);
+    // A redelivered start launches nothing: the program's side effect happened once.
+    assert_eq!(rt.start(&spec).unwrap(), Started::Already);
+    assert_eq!(std::fs::read_to_string(&marks).unwrap(), "ran\n");
+
+    let out = dir.path().join("collected");
+    let digest = rt.collect("r-1", "out.bin", &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), [0xff, b'a', 0xfe]);
+    assert_eq!(digest, sha256sum(&out));
+    let listed: Vec<String> = rt.list().unwrap().into_iter().map(|s| s.run_id).collect();
+    assert_eq!(listed, ["r-1"]);
+}
+
+#[test]
+fn a_stopped_run_ends_at_once_and_says_it_was_stopped() {
+    let dir = testkit::tempdir();
+    let rt = runtime(&dir.path().join("runs"));
+    let program = rt.stage(Path::new("/bin/sh")).unwrap();
+    let mut spec = shell("long", &program, "sleep 30 & wait");
+    spec.grace = Some(Duration::from_millis(500));
+    rt.start(&spec).unwrap();
+    assert_eq!(rt.status("long").unwrap().state, RunState::Running);
+    let begun = Instant::now();
+    rt.stop("long").unwrap();
+    // `stop` returns once the run ended, well before the program's own 30 s.
+    assert!(begun.elapsed() < Duration::from_secs(10));
+    let status = rt.status("long").unwrap();
+    assert!(status.state.is_final(), "{}", status.state);
+    assert_eq!(status.detail["result"]["stopped"], true);
+    assert_eq!(
+        rt.stop("nope").unwrap_err().to_string(),
+        "run nope is not known to the run store"
+    );
+}
+
+#[test]
+fn supervisor_refusals_become_one_line_per_run_errors() {
+    let dir = testkit::tempdir();
+    let rt = runtime(&dir.path().join("runs"));
+    let program = rt.stage(Path::new("/bin/sh")).unwrap();
+    let unknown = format!("sha256:{}", "0".repeat(64));
+    let err = rt.start(&shell("bad-1", &unknown, "true")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "run bad-1: program {unknown} is not staged on this node; stage it before starting the run"
+        )
+    );
+    // The refused run is final, so the watcher reports it `failed` rather than leaving it hanging.
+    assert_eq!(rt.status("bad-1").unwrap().state, RunState::Failed);
+
+    rt.start(&shell("r-2", &program, "echo hi > file")).unwrap();
+    wait_for(&rt, "r-2", RunState::Finished);
+    let out = dir.path().join("out");
+    for path in ["../r-1/file", "/etc/passwd"] {
+        assert_eq!(
+            rt.collect("r-2", path, &out).unwrap_err().to_string(),
+            format!("run r-2: collect path {path} leaves the run folder; name a file inside it")
+        );
+    }
+    assert_eq!(
+        rt.status("nope").unwrap_err().to_string(),
+        "run nope is not known to the run store"
+    );
+    assert_eq!(
+        rt.collect("nope", "file", &out).unwrap_err().to_string(),
+        "run nope is not known to the run store"
+    );
+    assert!(!out.exists(), "nothing was collected");
+
+    let missing = ProcessRuntime::new(dir.path().join("no-such-supervisor"), dir.path());
+    assert_eq!(
+        missing.stage(Path::new("/bin/sh")).unwrap_err().to_string(),
+        format!(
+            "cannot run the supervisor {}: no such file or directory; ship fleet-run-supervisor beside fleet-agent or pass its path",
+            dir.path().join("no-such-supervisor").display()
+        )
+    );
+}
+
+/// A tiny tmpfs, unmounted when dropped, so "the disk is full" is real.
+struct TinyDisk(PathBuf);
+impl TinyDisk {
+    fn mount(at: PathBuf) -> TinyDisk {
+        std::fs::create_dir_all(&at).unwrap();
+        testkit::ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+                .arg(&at),
+        );
+        TinyDisk(at)
+    }
+}
+impl Drop for TinyDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn an_input_too_large_for_the_disk_is_a_clear_error_and_its_run_ends() {
+    let dir = testkit::tempdir();
+    let disk = TinyDisk::mount(dir.path().join("disk"));
+    let rt = runtime(&disk.0);
+    // A small static program keeps the staged copy well inside the tiny disk.
+    let program = rt.stage(Path::new("/bin/true")).unwrap();
+    let big = dir.path().join("big");
+    std::fs::write(&big, vec![7u8; 1024 * 1024]).unwrap();
+    let mut spec = RunSpec::new("big", &program);
+    spec.inputs = vec![("data".into(), big)];
+    let err = rt.start(&spec).unwrap_err().to_string();
+    // The supervisor may add that its failure record did not fit either; the line stays one line.
+    assert!(
+        err.starts_with("run big: the run store's disk is full (input \"data\" cannot be copied into run \"big\": no space left on device"),
+        "{err}"
+    );
+    assert!(
+        err.ends_with("); free space or send smaller inputs"),
+        "{err}"
+    );
+    // Never a hang: the refused run reads final, so the watcher reports it once and moves on.
+    let state = rt.status("big").unwrap().state;
+    assert!(
+        matches!(state, RunState::Failed | RunState::Lost),
+        "{state}"
+    );
+}
+
+/// Every state spooled for each run, in order.
+fn spooled(store: &Store) -> BTreeMap<String, Vec<RunState>> {
+    let mut by_run: BTreeMap<String, Vec<RunState>> = BTreeMap::new();
+    for e in store.pending_events(0, usize::MAX).unwrap() {
+        by_run.entry(e.run_id).or_default().push(e.state);
+    }
+    by_run
+}
+
+#[test]
+fn the_watcher_spools_each_transition_once_across_restarts_and_a_dead_supervisor_as_lost() {
+    use RunState::{Finished, Lost, Running, Starting};
+    let dir = testkit::tempdir();
+    let state_dir = dir.path().join("state");
+    let rt = runtime(&dir.path().join("runs"));
+    let program = rt.stage(Path::new("/bin/sh")).unwrap();
+    let store = Store::open(&state_dir).unwrap();
+    for (run, script) in [("short", "sleep 0.5"), ("long", "sleep 30")] {
+        store.track_run(run, &program).unwrap();
+        rt.start(&shell(run, &program, script)).unwrap();
+    }
+    // Tracked, never launched (the agent died before the start): left alone, not reported lost.
+    store.track_run("pending", &program).unwrap();
+    let report = sync_runs(&store, &rt).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.events.len(), 2, "{:?}", report.events);
+
+    // The long run's supervisor dies (and we end its orphaned program, which nobody watches now).
+    let owner = rt.status("long").unwrap().detail["owner"].clone();
+    for pid in [&owner["pid"], &owner["program_pid"]] {
+        testkit::ok(Command::new("kill").arg("-KILL").arg(pid.to_string()));
+    }
+    // The agent goes away while the short run finishes, then comes back.
+    drop(store);
+    wait_for(&rt, "short", Finished);
+    let store = Store::open(&state_dir).unwrap();
+    let report = sync_runs(&store, &rt).unwrap();
+    let got: Vec<(&str, RunState)> = report
+        .events
+        .iter()
+        .map(|e| (e.run_id.as_str(), e.state))
+        .collect();
+    assert_eq!(got, [("long", Lost), ("short", Finished)]);
+    assert_eq!(report.events[1].payload["result"]["exit_code"], 0);
+    assert!(sync_runs(&store, &rt).unwrap().events.is_empty());
+    drop(store);
+    let store = Store::open(&state_dir).unwrap();
+    assert!(sync_runs(&store, &rt).unwrap().events.is_empty());
+
+    let expected: BTreeMap<String, Vec<RunState>> = [
+        ("long", vec![Starting, Running, Lost]),
+        ("pending", vec![Starting]),
+        ("short", vec![Starting, Running, Finished]),
+    ]
+    .into_iter()
+    .map(|(r, s)| (r.to_string(), s))
+    .collect();
+    assert_eq!(spooled(&store), expected);
+    let ids: Vec<u64> = store
+        .pending_events(0, usize::MAX)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, (1..=7).collect::<Vec<u64>>());
+}
+
+/// Set in the watcher child: the state directory and the run store.
+const WATCH_STATE: &str = "AGENT_RUNTIME_WATCH_STATE";
+const WATCH_RUNS: &str = "AGENT_RUNTIME_WATCH_RUNS";
+
+/// The watcher as an agent runs it: in the crash test's child (env set) it syncs every few ms
+/// until it is killed; run on its own it checks that a sync of nothing spools nothing.
+#[test]
+fn watcher_syncs_until_killed() {
+    if let (Ok(state), Ok(runs)) = (std::env::var(WATCH_STATE), std::env::var(WATCH_RUNS)) {
+        let store = Store::open(Path::new(&state)).unwrap();
+        let rt = runtime(Path::new(&runs));
+        writeln!(std::io::stdout(), "ready").unwrap();
+        for _ in 0..10_000 {
+            sync_runs(&store, &rt).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        return;
+    }
+    let dir = testkit::tempdir();
+    let store = Store::open(dir.path()).unwrap();
+    let report = sync_runs(&store, &runtime(&dir.path().join("runs"))).unwrap();
+    assert!(report.events.is_empty() && report.errors.is_empty());
+}
+
+#[test]
+fn sigkill_of_the_watching_agent_at_random_points_spools_each_run_transition_once() {
+    let dir = testkit::tempdir();
+    let (state_dir, runs) = (dir.path().join("state"), dir.path().join("runs"));
+    let rt = runtime(&runs);
+    let program = rt.stage(Path::new("/bin/sh")).unwrap();
+    let store = Store::open(&state_dir).unwrap();
+    let count = 12;
+    for n in 0..count {
+        let run = format!("w-{n}");
+        store.track_run(&run, &program).unwrap();
+        let script = format!("sleep {}.{}", n / 5, (n % 5) * 2);
+        rt.start(&shell(&run, &program, &script)).unwrap();
+    }
+    drop(store);
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut delivered: HashSet<(String, RunState)> = HashSet::new();
+    let mut last_id = 0;
+    let mut restarts = 0;
+    loop {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "watcher_syncs_until_killed", "--nocapture"])
+            .env(WATCH_STATE, &state_dir)
+            .env(WATCH_RUNS, &runs)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        for line in lines {
+            if line.unwrap().ends_with("ready") {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_micros(rng.below(60_000)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        restarts += 1;
+        let store = Store::open(&state_dir).unwrap();
+        for e in store.pending_events(last_id, usize::MAX).unwrap() {
+            assert!(e.id > last_id);
+            last_id = e.id;
+            assert!(
+                delivered.insert((e.run_id.clone(), e.state)),
+                "{} {} spooled twice",
+                e.run_id,
+                e.state
+            );
+        }
+        store.ack_events(last_id).unwrap();
+        // Some restarts after the last run ended, too: they must find nothing new.
+        if store.active_runs().unwrap().is_empty() && restarts >= 15 {
+            break;
+        }
+        assert!(restarts < 200, "runs never all finished: {delivered:?}");
+    }
+    for n in 0..count {
+        let run = format!("w-{n}");
+        for state in [RunState::Starting, RunState::Finished] {
+            assert!(
+                delivered.contains(&(run.clone(), state)),
+                "{run} {state} missing"
+            );
+        }
+        for state in [RunState::Failed, RunState::Lost] {
+            assert!(!delivered.contains(&(run.clone(), state)), "{run} {state}");
+        }
+    }
+    eprintln!("{restarts} watcher kills, {} events", delivered.len());
+}

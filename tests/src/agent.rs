@@ -1,0 +1,330 @@
+//! Helpers for the agent tests: a coordinator and agents as real processes, stand-in
+//! `nvidia-smi` scripts, and a TCP proxy that loses the coordinator's answers.
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Polls `check` every 20 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `fleet-agent coordinator serve` process on loopback, killed when dropped.
+pub struct Coordinator {
+    pub data: PathBuf,
+    pub addr: String,
+    pub log: PathBuf,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Coordinator {
+    /// Starts on a free port with a fast heartbeat (200 ms) and a short lease (2 s), plus `extra` flags.
+    pub fn start(data: &Path, extra: &[&str]) -> Coordinator {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut c = Coordinator {
+            data: data.to_path_buf(),
+            addr: "127.0.0.1:0".into(),
+            log: data.with_extension("serve.log"),
+            extra,
+            child: None,
+        };
+        c.spawn();
+        c
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("can open the coordinator log");
+        let mut child = crate::cmd("fleet-agent")
+            .args(["coordinator", "--data"])
+            .arg(&self.data)
+            .args([
+                "serve",
+                "--listen",
+                &self.addr,
+                "--heartbeat",
+                "200ms",
+                "--lease",
+                "2s",
+            ])
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("can start the coordinator");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("the coordinator prints its address");
+        self.addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from serve: {line:?}"))
+            .to_string();
+        self.child = Some(child);
+    }
+
+    /// Kills the coordinator (SIGKILL: no goodbye to anyone).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// `coordinator token` with extra flags; returns the join file's JSON text.
+    pub fn token(&self, args: &[&str]) -> String {
+        crate::ok(self.command().arg("token").args(args))
+    }
+
+    /// `coordinator nodes --json`.
+    pub fn nodes(&self) -> Vec<serde_json::Value> {
+        let out = crate::ok(self.command().args(["nodes", "--json"]));
+        serde_json::from_str::<serde_json::Value>(&out)
+            .expect("nodes --json prints JSON")
+            .as_array()
+            .expect("nodes --json prints an array")
+            .clone()
+    }
+
+    /// A `fleet-agent coordinator --data DATA` command.
+    pub fn command(&self) -> Command {
+        let mut cmd = crate::cmd("fleet-agent");
+        cmd.args(["coordinator", "--data"]).arg(&self.data);
+        cmd
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `fleet-agent` process whose stderr goes to a file, killed when dropped.
+pub struct Agent {
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Agent {
+    /// Starts `fleet-agent ARGS`, logging to `log`.
+    pub fn start<I, S>(log: &Path, args: I) -> Agent
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let file = std::fs::File::create(log).expect("can create the agent log");
+        let child = crate::cmd("fleet-agent")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("can start the agent");
+        Agent {
+            log: log.to_path_buf(),
+            child,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// How many times `needle` occurs in the log.
+    pub fn count(&self, needle: &str) -> usize {
+        self.log_text().matches(needle).count()
+    }
+
+    /// Waits until the log holds `needle` at least `times` times.
+    pub fn wait_for(&self, needle: &str, times: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || self.count(needle) >= times)
+    }
+
+    /// Waits for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Writes an executable shell script.
+pub fn script(path: &Path, body: &str) -> PathBuf {
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).expect("can write a script");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("can chmod");
+    path.to_path_buf()
+}
+
+/// A stand-in for `nvidia-smi` (no GPU exists on the test machine) answering the agent's query
+/// with four GPUs, in the real tool's `--format=csv,noheader,nounits` shape.
+pub fn stand_in_four_gpus(dir: &Path) -> PathBuf {
+    let lines: String = (0..4)
+        .map(|i| format!("{i}, NVIDIA H100 80GB HBM3, GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd, 81559, 550.54.15\\n"))
+        .collect();
+    script(
+        &dir.join("nvidia-smi"),
+        &format!(
+            "case \"$*\" in *--query-gpu=index,name,uuid,memory.total,driver_version*--format=csv,noheader,nounits*) printf '{lines}';; *) echo unexpected arguments >&2; exit 2;; esac"
+        ),
+    )
+}
+
+/// A TCP proxy in front of the coordinator that, for the first `drops` connections, forwards the
+/// TLS handshake and the agent's request but throws the coordinator's answer away and cuts both
+/// sides: the answer was lost after the coordinator acted on the request.
+pub struct DroppingProxy {
+    pub addr: String,
+    pub dropped: Arc<AtomicUsize>,
+}
+
+impl DroppingProxy {
+    pub fn start(target: &str, drops: usize) -> DroppingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("can bind the proxy");
+        let addr = listener.local_addr().expect("bound").to_string();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (target, counter) = (target.to_string(), dropped.clone());
+        std::thread::spawn(move || {
+            for (index, client) in listener.incoming().enumerate() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let lose_answer = index < drops;
+                let counter = counter.clone();
+                std::thread::spawn(move || relay(client, server, lose_answer, counter));
+            }
+        });
+        DroppingProxy { addr, dropped }
+    }
+}
+
+const QUIET: u8 = 0;
+const SERVER_SPOKE: u8 = 1;
+const CLIENT_ANSWERED_HANDSHAKE: u8 = 2;
+
+fn relay(client: TcpStream, server: TcpStream, lose_answer: bool, dropped: Arc<AtomicUsize>) {
+    // The server speaks once (its handshake flight), the client then sends its own flight and
+    // the request; whatever the server sends after that is the answer.
+    let phase = Arc::new(AtomicU8::new(QUIET));
+    let (mut c_read, mut s_write) = (
+        client.try_clone().expect("clone"),
+        server.try_clone().expect("clone"),
+    );
+    let up_phase = phase.clone();
+    let up = std::thread::spawn(move || {
+        let mut buf = [0u8; 16 << 10];
+        while let Ok(n) = c_read.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            // Marked before forwarding, so the server cannot answer before we know it is an answer.
+            let _ = up_phase.compare_exchange(
+                SERVER_SPOKE,
+                CLIENT_ANSWERED_HANDSHAKE,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            if s_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = s_write.shutdown(Shutdown::Write);
+    });
+    let (mut s_read, mut c_write) = (server, client);
+    let mut buf = [0u8; 16 << 10];
+    while let Ok(n) = s_read.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        if lose_answer && phase.load(Ordering::SeqCst) == CLIENT_ANSWERED_HANDSHAKE {
+            dropped.fetch_add(1, Ordering::SeqCst);
+            let _ = c_write.shutdown(Shutdown::Both);
+            let _ = s_read.shutdown(Shutdown::Both);
+            break;
+        }
+        let _ = phase.compare_exchange(QUIET, SERVER_SPOKE, Ordering::SeqCst, Ordering::SeqCst);
+        if c_write.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = c_write.shutdown(Shutdown::Both);
+    let _ = up.join();
+}
+
+/// Every file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// Whether any file under `dir` contains `needle`'s bytes.
+pub fn any_file_contains(dir: &Path, needle: &str) -> Option<PathBuf> {
+    files_under(dir).into_iter().find(|p| {
+        std::fs::read(p)
+            .map(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            .unwrap_or(false)
+    })
+}
