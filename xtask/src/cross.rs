@@ -21,13 +21,7 @@ pub fn install_toolchain() -> Result<()> {
         }
     }
     if !zig_importable() {
-        util::run(Command::new("python3").args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "ziglang",
-        ]))?;
+        util::run(Command::new("python3").args(["-m", "pip", "install", "--quiet", "ziglang"]))?;
     }
     if !util::have("cargo-zigbuild") {
         util::run(Command::new("cargo").args(["install", "--locked", "cargo-zigbuild"]))?;
