@@ -340,3 +340,18 @@ async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
         Err(e) => Err(format!("a store task crashed: {e}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_command_keeps_its_op_id_for_the_error_answer() {
+        let bad = serde_json::json!({ "type": "command", "op": "op-7", "generation": 1, "command": { "kind": "launch_missiles" } });
+        let (op, reason) = parse_down(bad).unwrap_err();
+        assert_eq!(op, "op-7");
+        assert!(reason.contains("launch_missiles"), "{reason}");
+        let good = serde_json::json!({ "type": "ack", "up_to": 3 });
+        assert!(matches!(parse_down(good), Ok(Down::Ack { up_to: 3 })));
+    }
+}

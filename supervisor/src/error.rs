@@ -28,3 +28,13 @@ pub fn describe_io(e: &std::io::Error) -> String {
         None => String::new(),
     }
 }
+
+impl Error {
+    /// The exit status class this error is reported with.
+    pub fn refusal(&self) -> crate::Refusal {
+        match self {
+            Error::UnknownRun { .. } => crate::Refusal::UnknownRun,
+            _ => crate::Refusal::Other,
+        }
+    }
+}

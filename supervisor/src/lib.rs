@@ -7,6 +7,7 @@ pub mod atomic;
 pub mod clock;
 pub mod digest;
 pub mod error;
+pub mod exit;
 pub mod layout;
 pub mod record;
 pub mod run_id;
@@ -14,6 +15,7 @@ pub mod state;
 
 pub use digest::Digest;
 pub use error::{Error, describe_io};
+pub use exit::Refusal;
 pub use layout::Store;
 pub use record::{Bytes, Failure, Owner, Phase, RunResult, Step, StreamRecord};
 pub use run_id::RunId;

@@ -17,7 +17,8 @@ fn main() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("fleet-run-supervisor: {e:#}");
-            1
+            // Distinct statuses per refusal class, so callers never parse the message.
+            commands::exit_code(&e)
         }
     };
     std::process::exit(code);

@@ -1,6 +1,8 @@
 //! Tests: agent_runtime — the node's durable store under SIGKILL, and the process runtime and its
 //! watcher against the real `fleet-run-supervisor`.
-use fleet_agent::runtime::{ProcessRuntime, RunSpec, RunState, Runtime, Started, sync_runs};
+use fleet_agent::runtime::{
+    ProcessRuntime, RunSpec, RunState, Runtime, RuntimeError, Started, sync_runs,
+};
 use fleet_agent::state::{Event, Store};
 use serde_json::json;
 use std::collections::{BTreeMap, HashSet};
@@ -291,10 +293,12 @@ fn a_stopped_run_ends_at_once_and_says_it_was_stopped() {
     let status = rt.status("long").unwrap();
     assert!(status.state.is_final(), "{}", status.state);
     assert_eq!(status.detail["result"]["stopped"], true);
-    assert_eq!(
-        rt.stop("nope").unwrap_err().to_string(),
-        "run nope is not known to the run store"
+    let err = rt.stop("nope").unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "nope"),
+        "{err:?}"
     );
+    assert_eq!(err.to_string(), "run nope is not known to the run store");
 }
 
 #[test]
@@ -313,10 +317,11 @@ fn supervisor_refusals_become_one_line_per_run_errors() {
     // The refused run is final, so the watcher reports it `failed` rather than leaving it hanging.
     assert_eq!(rt.status("bad-1").unwrap().state, RunState::Failed);
 
-    rt.start(&shell("r-2", &program, "echo hi > file")).unwrap();
+    rt.start(&shell("r-2", &program, "echo hi > file && ln -s / top"))
+        .unwrap();
     wait_for(&rt, "r-2", RunState::Finished);
     let out = dir.path().join("out");
-    for path in ["../r-1/file", "/etc/passwd"] {
+    for path in ["../r-1/file", "/etc/passwd", "top/etc/passwd"] {
         assert_eq!(
             rt.collect("r-2", path, &out).unwrap_err().to_string(),
             format!("run r-2: collect path {path} leaves the run folder; name a file inside it")
@@ -326,10 +331,13 @@ fn supervisor_refusals_become_one_line_per_run_errors() {
         rt.status("nope").unwrap_err().to_string(),
         "run nope is not known to the run store"
     );
-    assert_eq!(
-        rt.collect("nope", "file", &out).unwrap_err().to_string(),
-        "run nope is not known to the run store"
+    // Classified by the supervisor's unknown-run exit status, not by its wording.
+    let err = rt.collect("nope", "file", &out).unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "nope"),
+        "{err:?}"
     );
+    assert_eq!(err.to_string(), "run nope is not known to the run store");
     assert!(!out.exists(), "nothing was collected");
 
     let missing = ProcessRuntime::new(dir.path().join("no-such-supervisor"), dir.path());
@@ -362,7 +370,7 @@ impl Drop for TinyDisk {
 }
 
 #[test]
-fn an_input_too_large_for_the_disk_is_a_clear_error_and_its_run_ends() {
+fn an_input_too_large_for_the_disk_is_a_clear_error_its_run_fails_and_the_next_run_works() {
     let dir = testkit::tempdir();
     let disk = TinyDisk::mount(dir.path().join("disk"));
     let rt = runtime(&disk.0);
@@ -372,22 +380,35 @@ fn an_input_too_large_for_the_disk_is_a_clear_error_and_its_run_ends() {
     std::fs::write(&big, vec![7u8; 1024 * 1024]).unwrap();
     let mut spec = RunSpec::new("big", &program);
     spec.inputs = vec![("data".into(), big)];
-    let err = rt.start(&spec).unwrap_err().to_string();
-    // The supervisor may add that its failure record did not fit either; the line stays one line.
-    assert!(
-        err.starts_with("run big: the run store's disk is full (input \"data\" cannot be copied into run \"big\": no space left on device"),
-        "{err}"
+    let err = rt.start(&spec).unwrap_err();
+    let reason = format!(
+        "input \"data\" cannot be copied into run \"big\": no space left on device under {}; free space there or send a smaller input",
+        disk.0.display()
     );
     assert!(
-        err.ends_with("); free space or send smaller inputs"),
-        "{err}"
+        matches!(&err, RuntimeError::NoSpace { detail, .. } if *detail == reason),
+        "{err:?}"
     );
-    // Never a hang: the refused run reads final, so the watcher reports it once and moves on.
-    let state = rt.status("big").unwrap().state;
-    assert!(
-        matches!(state, RunState::Failed | RunState::Lost),
-        "{state}"
+    assert_eq!(
+        err.to_string(),
+        format!("run big: the run store's disk is full: {reason}")
     );
+    // The refused run is final and says why, so the watcher reports it once and moves on.
+    let status = rt.status("big").unwrap();
+    assert_eq!(status.state, RunState::Failed);
+    assert_eq!(status.detail["result"]["failure"]["step"], "input");
+    assert_eq!(
+        status.detail["result"]["failure"]["reason"],
+        reason.as_str()
+    );
+    // The partial copy made no lasting mess: the next run with a small input starts and ends.
+    let small = dir.path().join("small");
+    std::fs::write(&small, "fits\n").unwrap();
+    let mut next = RunSpec::new("next", &program);
+    next.inputs = vec![("data".into(), small)];
+    assert_eq!(rt.start(&next).unwrap(), Started::New);
+    let done = wait_for(&rt, "next", RunState::Finished);
+    assert_eq!(done.detail["result"]["exit_code"], 0);
 }
 
 /// Every state spooled for each run, in order.

@@ -706,15 +706,153 @@ fn a_read_only_store_and_a_full_disk_get_one_clear_line() {
         .arg(format!("of={}/filler", full.dir.display()))
         .stderr(std::process::Stdio::null())
         .status();
+    let after = s.start("after", &p, &[], &[]);
+    assert_eq!(refusal_code(&after), 7, "the disk-full status");
     assert_eq!(
-        stderr_line(&s.start("after", &p, &[], &[])).trim_end(),
+        stderr_line(&after).trim_end(),
         format!(
-            "fleet-run-supervisor: cannot create run \"after\" in {}/runs: no space left on device",
+            "fleet-run-supervisor: cannot create run \"after\" in {}/runs: no space left on device; free space on that disk and retry",
             full.dir.display()
         )
     );
     assert_eq!(s.status("before")["result"]["exit_code"], 0);
     assert!(!s.run_dir("after").exists());
+}
+
+/// The exit status of a command that must fail.
+fn refusal_code(out: &Output) -> i32 {
+    assert!(!out.status.success(), "expected a failure");
+    out.status.code().expect("exited, not killed")
+}
+
+#[test]
+fn an_input_too_large_for_the_disk_is_removed_and_its_run_reads_failed_not_lost() {
+    let disk = Tmpfs::mount("size=256k");
+    let s = Store::at(&disk.dir);
+    let p = s.script("cat data");
+    let tmp = tempdir();
+    let big = tmp.path().join("big");
+    std::fs::write(&big, vec![7u8; 1024 * 1024]).unwrap();
+    let out = s.start(
+        "big",
+        &p,
+        &["--input", &format!("data={}", big.display())],
+        &[],
+    );
+    let reason = format!(
+        "input \"data\" cannot be copied into run \"big\": no space left on device under {}; free space there or send a smaller input",
+        disk.dir.display()
+    );
+    assert_eq!(refusal_code(&out), 7, "the disk-full status");
+    assert_eq!(
+        stderr_line(&out),
+        format!("fleet-run-supervisor: {reason}\n")
+    );
+    // The partial copy is gone, and the record, written after it, says why.
+    assert!(!s.run_dir("big").join("data").exists());
+    let failed = s.status("big");
+    assert_eq!(failed["state"], "failed");
+    assert_eq!(failed["result"]["failure"]["step"], "input");
+    assert_eq!(failed["result"]["failure"]["reason"], reason.as_str());
+    // The disk has room again: the next run with a small input starts and reads it.
+    let small = tmp.path().join("small");
+    std::fs::write(&small, "small input\n").unwrap();
+    s.run(
+        "next",
+        &p,
+        &["--input", &format!("data={}", small.display())],
+    );
+    let done = s.wait("next");
+    assert_eq!(done["result"]["exit_code"], 0);
+    assert_eq!(done["stdout"]["first"], "small input\n");
+}
+
+#[test]
+fn a_failure_record_that_does_not_fit_gives_the_claim_back_instead_of_reading_lost() {
+    // Out of inodes rather than bytes: the claim (its folder and supervisor.json) fits exactly,
+    // the input and then the failure record do not.
+    let disk = Tmpfs::mount("size=1m,nr_inodes=64");
+    let s = Store::at(&disk.dir);
+    let p = s.script("cat data");
+    s.run("first", &p, &[]);
+    s.wait("first");
+    let fillers = disk.dir.join("fillers");
+    std::fs::create_dir(&fillers).unwrap();
+    let mut made = 0;
+    while std::fs::File::create(fillers.join(made.to_string())).is_ok() {
+        made += 1;
+    }
+    // Room for exactly the claim: its folder and supervisor.json.
+    for last in [made - 1, made - 2] {
+        std::fs::remove_file(fillers.join(last.to_string())).unwrap();
+    }
+    let tmp = tempdir();
+    let input = tmp.path().join("in");
+    std::fs::write(&input, "tiny\n").unwrap();
+    let flag = format!("data={}", input.display());
+    let out = s.start("tight", &p, &["--input", &flag], &[]);
+    assert_eq!(refusal_code(&out), 7, "the disk-full status");
+    assert_eq!(
+        stderr_line(&out),
+        format!(
+            "fleet-run-supervisor: input \"data\" cannot be copied into run \"tight\": no space left on device under {}; free space there or send a smaller input (its failure record could not be written either: no space left on device; the run was removed, so its id can be started again)\n",
+            disk.dir.display()
+        )
+    );
+    // Never claimed-but-recordless: the id is unknown, not lost, and nothing lost is listed.
+    let mut c = s.cmd();
+    c.args(["status", "--run", "tight"]);
+    let unknown = output(&mut c);
+    assert_eq!(refusal_code(&unknown), 3, "the unknown-run status");
+    let mut c = s.cmd();
+    c.arg("list");
+    assert!(!ok(&mut c).contains("lost"));
+    // With room again the same id starts, once.
+    std::fs::remove_dir_all(&fillers).unwrap();
+    s.run("tight", &p, &["--input", &flag]);
+    assert_eq!(s.wait("tight")["stdout"]["first"], "tiny\n");
+}
+
+#[test]
+fn each_refusal_class_exits_with_its_own_documented_status() {
+    let s = Store::new();
+    let p = s.script("ln -s .. up");
+    s.run("done", &p, &[]);
+    s.wait("done");
+    let code = |args: &[&str]| {
+        let mut c = s.cmd();
+        c.args(args);
+        refusal_code(&output(&mut c))
+    };
+    let out = s.root.join("out");
+    let out = out.to_str().unwrap();
+    // Unknown run: 3, from every command that names one.
+    for args in [
+        &["status", "--run", "nope"][..],
+        &["wait", "--run", "nope"],
+        &["stop", "--run", "nope"],
+        &["collect", "--run", "nope", "--path", "x", "--out", out],
+    ] {
+        assert_eq!(code(args), 3, "{args:?}");
+    }
+    // A run id started twice: 4.
+    assert_eq!(refusal_code(&s.start("done", &p, &[], &[])), 4);
+    // A program never staged: 5.
+    let unknown = format!("sha256:{}", "0".repeat(64));
+    assert_eq!(refusal_code(&s.start("r-unknown", &unknown, &[], &[])), 5);
+    // A path that leaves the run folder: 6, whichever way it leaves.
+    for path in ["../done/x", "/etc/passwd", "up/done/stdout"] {
+        let args = ["collect", "--run", "done", "--path", path, "--out", out];
+        assert_eq!(code(&args), 6, "{path}");
+    }
+    // Anything else: 1 (a bad run id, a missing file inside the run).
+    assert_eq!(code(&["status", "--run", "a/b"]), 1);
+    assert_eq!(
+        code(&[
+            "collect", "--run", "done", "--path", "missing", "--out", out
+        ]),
+        1
+    );
 }
 
 /// The aarch64 musl build under qemu-aarch64-static: stage, start, timeout, status. Its child

@@ -136,10 +136,15 @@ impl Coordinator {
             }
         };
         if selected.is_empty() {
-            let what = request.node.clone().unwrap_or_else(|| "any".into());
-            return Err(CoordinatorError::Request(format!(
-                "no node matches {what}: see `fleet-agent coordinator nodes`"
-            )));
+            return Err(CoordinatorError::Request(match &request.node {
+                Some(wanted) => {
+                    format!("no node matches {wanted}: see `fleet-agent coordinator nodes`")
+                }
+                None => {
+                    "no node has joined yet: mint a join file with `fleet-agent coordinator token`"
+                        .into()
+                }
+            }));
         }
         self.store.put_program(&digest, &program)?;
         let set_id = random_id("s");

@@ -14,10 +14,9 @@ pub enum RuntimeError {
     /// A collect path that would leave the run's folder.
     #[error("run {run_id}: collect path {path} leaves the run folder; name a file inside it")]
     PathEscapes { run_id: String, path: String },
-    /// The disk under the run store filled up (typically while copying inputs).
-    #[error(
-        "run {run_id}: the run store's disk is full ({detail}); free space or send smaller inputs"
-    )]
+    /// The disk under the run store filled up (typically while copying inputs). The detail is
+    /// the supervisor's line, which already says what to do.
+    #[error("run {run_id}: the run store's disk is full: {detail}")]
     NoSpace { run_id: String, detail: String },
     /// Any other refusal, carrying the runtime's own one-line reason.
     #[error("run {run_id}: {reason}")]

@@ -1,6 +1,7 @@
 //! [`ProcessRuntime`]: runs programs through the `fleet-run-supervisor` command line, one short
 //! child process per call, so runs are detached from the agent and survive its restarts.
 use super::{RunSpec, RunState, RunStatus, Runtime, RuntimeError, Started};
+use run_store::Refusal;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -69,50 +70,52 @@ impl ProcessRuntime {
             })
     }
 
-    /// Like [`call`](Self::call), but a failure becomes the supervisor's one-line reason.
-    fn call_ok(&self, args: &[OsString]) -> Result<String, Refusal> {
-        let out = self.call(args).map_err(Refusal::Runtime)?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(Refusal::Said(reason(&out)))
+    /// Like [`call`](Self::call), but a failure becomes the supervisor's refusal class (from its
+    /// exit status) and its one-line reason.
+    fn call_ok(&self, args: &[OsString]) -> Result<String, Failure> {
+        let out = self.call(args).map_err(Failure::Runtime)?;
+        match Refusal::from_code(out.status.code()) {
+            None => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            Some(class) => Err(Failure::Said {
+                class,
+                reason: reason(&out),
+            }),
         }
     }
 }
 
-/// A failed supervisor call: either it could not run, or it ran and refused with a reason.
+/// A failed supervisor call: either it could not run, or it ran and refused.
 ///
-/// The supervisor reports refusals as one line and exit status 1; the phrases matched below are
-/// its documented wording, and `tests/it/agent_runtime.rs` pins each mapping against the real binary.
-enum Refusal {
+/// The supervisor exits with a distinct status per refusal class (`run_store::exit`, documented
+/// in docs/supervisor.md), so the class comes from the status and the wording stays free for
+/// people; `tests/it/agent_runtime.rs` pins each mapping against the real binary.
+enum Failure {
     Runtime(RuntimeError),
-    Said(String),
+    Said { class: Refusal, reason: String },
 }
 
-impl Refusal {
+impl Failure {
     /// Turns a refusal for `run_id` into the matching per-run error.
     fn for_run(self, run_id: &str) -> RuntimeError {
-        let reason = match self {
-            Refusal::Runtime(e) => return e,
-            Refusal::Said(reason) => reason,
+        let (class, reason) = match self {
+            Failure::Runtime(e) => return e,
+            Failure::Said { class, reason } => (class, reason),
         };
         let run_id = run_id.to_string();
-        if reason.contains("no space left") {
-            RuntimeError::NoSpace {
+        match class {
+            Refusal::DiskFull => RuntimeError::NoSpace {
                 run_id,
                 detail: reason,
-            }
-        } else if reason.starts_with("run ") && reason.contains(" does not exist in ") {
-            RuntimeError::UnknownRun { run_id }
-        } else {
-            RuntimeError::Refused { run_id, reason }
+            },
+            Refusal::UnknownRun => RuntimeError::UnknownRun { run_id },
+            _ => RuntimeError::Refused { run_id, reason },
         }
     }
 
     fn for_task(self, what: &str) -> RuntimeError {
         match self {
-            Refusal::Runtime(e) => e,
-            Refusal::Said(reason) => RuntimeError::Failed {
+            Failure::Runtime(e) => e,
+            Failure::Said { reason, .. } => RuntimeError::Failed {
                 what: what.to_string(),
                 reason,
             },
@@ -148,7 +151,7 @@ impl Runtime for ProcessRuntime {
     fn stage(&self, file: &Path) -> Result<String, RuntimeError> {
         let out = self
             .call_ok(&["stage".into(), file.into()])
-            .map_err(|r| r.for_task(&format!("staging {}", file.display())))?;
+            .map_err(|f| f.for_task(&format!("staging {}", file.display())))?;
         digest_line(&out, "stage")
     }
 
@@ -182,23 +185,25 @@ impl Runtime for ProcessRuntime {
         match self.call_ok(&args) {
             Ok(_) => Ok(Started::New),
             // The supervisor's run-id claim: this start (or a redelivery of it) already happened.
-            Err(Refusal::Said(reason)) if reason.contains(" already exists in ") => {
-                Ok(Started::Already)
-            }
-            Err(Refusal::Said(reason)) if reason.contains(" is not staged in ") => {
-                Err(RuntimeError::UnknownProgram {
-                    run_id: spec.run_id.clone(),
-                    program: spec.program.clone(),
-                })
-            }
-            Err(r) => Err(r.for_run(&spec.run_id)),
+            Err(Failure::Said {
+                class: Refusal::RunExists,
+                ..
+            }) => Ok(Started::Already),
+            Err(Failure::Said {
+                class: Refusal::NotStaged,
+                ..
+            }) => Err(RuntimeError::UnknownProgram {
+                run_id: spec.run_id.clone(),
+                program: spec.program.clone(),
+            }),
+            Err(f) => Err(f.for_run(&spec.run_id)),
         }
     }
 
     fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
         self.call_ok(&["stop".into(), "--run".into(), run_id.into()])
             .map(drop)
-            .map_err(|r| r.for_run(run_id))
+            .map_err(|f| f.for_run(run_id))
     }
 
     fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
@@ -230,15 +235,22 @@ impl Runtime for ProcessRuntime {
         ];
         match self.call_ok(&args) {
             Ok(stdout) => digest_line(&stdout, "collect"),
-            Err(Refusal::Said(reason))
-                if reason.contains("leaves the run folder") || reason.contains("is absolute") =>
-            {
-                Err(RuntimeError::PathEscapes {
-                    run_id: run_id.to_string(),
-                    path: path.to_string(),
-                })
-            }
-            Err(r) => Err(r.for_run(run_id)),
+            Err(Failure::Said {
+                class: Refusal::PathEscapes,
+                ..
+            }) => Err(RuntimeError::PathEscapes {
+                run_id: run_id.to_string(),
+                path: path.to_string(),
+            }),
+            // A full disk here is the one `--out` is on, not the run store's.
+            Err(Failure::Said {
+                class: Refusal::DiskFull,
+                reason,
+            }) => Err(RuntimeError::Refused {
+                run_id: run_id.to_string(),
+                reason,
+            }),
+            Err(f) => Err(f.for_run(run_id)),
         }
     }
 

@@ -1,9 +1,9 @@
 //! `collect`: copies one regular file out of a run folder, refusing any path that leaves it
 //! (`..`, absolute, or a symlink anywhere along the way), and prints its sha256.
-use super::io_line;
+use super::{io_line, refuse};
 use crate::sys::{self, Entry};
 use anyhow::{Result, bail};
-use run_store::{Digest, RunId, Store, atomic};
+use run_store::{Digest, Refusal, RunId, Store, atomic};
 use sha2::{Digest as _, Sha256};
 use std::ffi::OsStr;
 use std::fs::File;
@@ -19,16 +19,24 @@ pub fn run(store: &Store, run: &str, rel: &OsStr, out: &Path) -> Result<()> {
         bail!("collect needs a --path inside the run folder");
     }
     if rel_path.is_absolute() {
-        bail!(
-            "path {shown:?} leaves the run folder: give a path relative to it, not an absolute one"
-        );
+        return Err(refuse(
+            Refusal::PathEscapes,
+            format!(
+                "path {shown:?} leaves the run folder: give a path relative to it, not an absolute one"
+            ),
+        ));
     }
     let mut names = Vec::new();
     for c in rel_path.components() {
         match c {
             Component::Normal(name) => names.push(name),
             Component::CurDir => {}
-            _ => bail!("path {shown:?} leaves the run folder: `..` is not allowed"),
+            _ => {
+                return Err(refuse(
+                    Refusal::PathEscapes,
+                    format!("path {shown:?} leaves the run folder: `..` is not allowed"),
+                ));
+            }
         }
     }
     let Some((last, folders)) = names.split_last() else {
@@ -47,9 +55,14 @@ pub fn run(store: &Store, run: &str, rel: &OsStr, out: &Path) -> Result<()> {
         let is_last = n == folders.len();
         match sys::entry_at(&dir, name).map_err(io_line(format!("cannot read {so_far:?}")))? {
             Entry::Missing => bail!("path {shown:?} does not exist in run {run:?}"),
-            Entry::Symlink => bail!(
-                "path {shown:?} leaves the run folder through the symlink {so_far:?}: symlinks are not followed"
-            ),
+            Entry::Symlink => {
+                return Err(refuse(
+                    Refusal::PathEscapes,
+                    format!(
+                        "path {shown:?} leaves the run folder through the symlink {so_far:?}: symlinks are not followed"
+                    ),
+                ));
+            }
             Entry::Directory if is_last => bail!("path {shown:?} is a folder: give a file"),
             Entry::File | Entry::Directory => {}
             Entry::Other => bail!("path {shown:?} is not a regular file"),

@@ -1,17 +1,17 @@
 //! `start`: claims the run id, checks the program and inputs, then forks the detached
 //! supervisor and returns once the program was exec'd (or refused), printing the state.
-use super::io_line;
+use super::{io_line, refuse};
 use crate::args::Start;
 use crate::supervise::{self, Plan, REPORT_OK};
 use crate::sys::{self, Forked};
 use anyhow::{Result, anyhow, bail};
 use run_store::layout::{OWNER_FILE, RESERVED_NAMES};
-use run_store::{Digest, Owner, Phase, RunId, Step, Store, atomic, describe_io};
+use run_store::{Digest, Owner, Phase, Refusal, RunId, Step, Store, atomic, describe_io};
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 /// The environment every program gets before `--env` (never the caller's).
@@ -44,20 +44,14 @@ pub fn run(store: &Store, start: Start) -> Result<i32> {
         started,
         clock,
     };
-    if let Err((step, message)) = verify(&plan).and_then(|()| copy_inputs(&plan, &start.inputs)) {
-        match plan.record_failure(step, &message) {
-            Ok(()) => bail!("{message}"),
-            Err(e) => bail!(
-                "{message} (and its failure record could not be written: {}; the run reads as lost)",
-                describe_io(&e)
-            ),
-        }
+    if let Err(e) = verify(&plan).and_then(|()| copy_inputs(&plan, &start.inputs)) {
+        return Err(refuse(e.class, plan.fail(e.step, &e.line)));
     }
     detach(plan)
 }
 
 /// Input names are plain file names in the run folder that do not shadow its record.
-fn check_inputs(inputs: &[(String, std::path::PathBuf)]) -> Result<()> {
+fn check_inputs(inputs: &[(String, PathBuf)]) -> Result<()> {
     for (n, (name, _)) in inputs.iter().enumerate() {
         let plain = name
             .chars()
@@ -93,11 +87,14 @@ fn claim(store: &Store, id: &RunId) -> Result<()> {
     if let Err(e) = built {
         let _ = fs::remove_dir_all(&staging);
         if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
-            bail!(
-                "run {:?} already exists in {}: a run id is started at most once",
-                id.as_str(),
-                runs.display()
-            );
+            return Err(refuse(
+                Refusal::RunExists,
+                format!(
+                    "run {:?} already exists in {}: a run id is started at most once",
+                    id.as_str(),
+                    runs.display()
+                ),
+            ));
         }
         return Err(io_line(cannot())(e));
     }
@@ -124,7 +121,23 @@ fn environment(
     env
 }
 
-type StepError = (Step, String);
+/// A step that refused the start: which one, the line (also the record's reason), and the
+/// exit status class.
+struct StepError {
+    step: Step,
+    line: String,
+    class: Refusal,
+}
+
+impl StepError {
+    fn new(step: Step, line: String) -> Self {
+        Self {
+            step,
+            line,
+            class: Refusal::Other,
+        }
+    }
+}
 
 /// The staged bytes still hash to their name.
 fn verify(plan: &Plan) -> Result<(), StepError> {
@@ -132,19 +145,20 @@ fn verify(plan: &Plan) -> Result<(), StepError> {
     let file = match File::open(&plan.program) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err((
-                Step::Stage,
-                format!(
+            return Err(StepError {
+                step: Step::Stage,
+                line: format!(
                     "program {} is not staged in {root}: run `fleet-run-supervisor stage FILE` first",
                     plan.digest
                 ),
-            ));
+                class: Refusal::NotStaged,
+            });
         }
         Err(e) => return Err(verify_error(plan, &e)),
     };
     let actual = Digest::of_reader(file).map_err(|e| verify_error(plan, &e))?;
     if actual != plan.digest {
-        return Err((
+        return Err(StepError::new(
             Step::Verify,
             format!(
                 "program {} in {root} no longer matches its digest (its bytes hash to {actual}): stage it again",
@@ -157,40 +171,59 @@ fn verify(plan: &Plan) -> Result<(), StepError> {
 
 fn verify_error(plan: &Plan, e: &io::Error) -> StepError {
     let reason = describe_io(e);
-    (
+    StepError::new(
         Step::Verify,
         format!("cannot read program {}: {reason}", plan.digest),
     )
 }
 
-/// Copies each `--input` into the run folder.
-fn copy_inputs(plan: &Plan, inputs: &[(String, std::path::PathBuf)]) -> Result<(), StepError> {
+/// Copies each `--input` into the run folder. On a refusal the inputs copied so far, the
+/// partial one included, are removed first: the run will never start, and on a full disk that
+/// room is what its failure record and the next run need.
+fn copy_inputs(plan: &Plan, inputs: &[(String, PathBuf)]) -> Result<(), StepError> {
     let dir = plan.run_dir();
-    for (name, path) in inputs {
-        let unreadable = |reason: String| {
-            let path = path.display();
-            (
-                Step::Input,
-                format!("input {name:?} cannot be read from {path}: {reason}"),
-            )
-        };
-        let mut src = File::open(path).map_err(|e| unreadable(describe_io(&e)))?;
-        match src.metadata() {
-            Ok(m) if m.is_file() => {}
-            Ok(_) => return Err(unreadable("it is not a regular file".to_string())),
-            Err(e) => return Err(unreadable(describe_io(&e))),
-        }
-        let copied = File::create(dir.join(name)).and_then(|mut dst| io::copy(&mut src, &mut dst));
-        if let Err(e) = copied {
-            let reason = describe_io(&e);
-            let id = plan.id.as_str();
-            return Err((
-                Step::Input,
-                format!("input {name:?} cannot be copied into run {id:?}: {reason}"),
-            ));
+    for (n, (name, path)) in inputs.iter().enumerate() {
+        if let Err(e) = copy_input(plan, &dir.join(name), name, path) {
+            for (copied, _) in &inputs[..=n] {
+                let _ = fs::remove_file(dir.join(copied));
+            }
+            return Err(e);
         }
     }
     Ok(())
+}
+
+fn copy_input(plan: &Plan, dst: &Path, name: &str, path: &Path) -> Result<(), StepError> {
+    let unreadable = |reason: String| {
+        let path = path.display();
+        StepError::new(
+            Step::Input,
+            format!("input {name:?} cannot be read from {path}: {reason}"),
+        )
+    };
+    let mut src = File::open(path).map_err(|e| unreadable(describe_io(&e)))?;
+    match src.metadata() {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(unreadable("it is not a regular file".to_string())),
+        Err(e) => return Err(unreadable(describe_io(&e))),
+    }
+    let copied = File::create(dst).and_then(|mut dst| io::copy(&mut src, &mut dst));
+    copied.map(drop).map_err(|e| {
+        let (id, reason) = (plan.id.as_str(), describe_io(&e));
+        let class = Refusal::of_io(&e);
+        let line = match class {
+            Refusal::DiskFull => format!(
+                "input {name:?} cannot be copied into run {id:?}: {reason} under {}; free space there or send a smaller input",
+                plan.store.root().display()
+            ),
+            _ => format!("input {name:?} cannot be copied into run {id:?}: {reason}"),
+        };
+        StepError {
+            step: Step::Input,
+            line,
+            class,
+        }
+    })
 }
 
 /// Forks the supervisor into its own session (reparented away from the caller once `start`
@@ -221,7 +254,8 @@ fn detach(plan: Plan) -> Result<i32> {
                     "the supervisor of run {id:?} died before the program started: the run reads as lost"
                 ));
             }
-            Err(anyhow!("{}", String::from_utf8_lossy(&report)))
+            let (class, line) = supervise::parse_refusal(&report);
+            Err(refuse(class, line))
         }
     }
 }

@@ -7,7 +7,9 @@ mod tree;
 use crate::sys::{self, Ended, Reaped};
 use run_store::layout::{OWNER_FILE, RESULT_FILE, STDERR_FILE, STDOUT_FILE};
 use run_store::record::{FinalState, RunResult, SCHEMA};
-use run_store::{Digest, Failure, Owner, Phase, RunId, Step, Store, atomic, clock, describe_io};
+use run_store::{
+    Digest, Failure, Owner, Phase, Refusal, RunId, Step, Store, atomic, clock, describe_io,
+};
 use sink::Sink;
 use std::ffi::OsString;
 use std::fs::File;
@@ -39,8 +41,29 @@ pub struct Plan {
     pub clock: Instant,
 }
 
-/// What the supervisor tells `start` through the report pipe.
+/// What the supervisor tells `start` through the report pipe: this, or a refusal as
+/// [`report_refusal`] writes it.
 pub const REPORT_OK: &[u8] = b"ok";
+
+/// A refusal for the report pipe: its exit status, a space, then the line.
+fn report_refusal(class: Refusal, line: &str) -> Vec<u8> {
+    format!("{} {line}", class.code()).into_bytes()
+}
+
+/// Reads back what [`report_refusal`] wrote.
+pub fn parse_refusal(report: &[u8]) -> (Refusal, String) {
+    let text = String::from_utf8_lossy(report);
+    match text.split_once(' ') {
+        Some((code, line)) => match code.parse() {
+            Ok(code) => (
+                Refusal::from_code(Some(code)).unwrap_or(Refusal::Other),
+                line.to_string(),
+            ),
+            Err(_) => (Refusal::Other, text.into_owned()),
+        },
+        None => (Refusal::Other, text.into_owned()),
+    }
+}
 
 impl Plan {
     pub fn run_dir(&self) -> PathBuf {
@@ -79,14 +102,39 @@ impl Plan {
         }
     }
 
-    /// Records that the run never started, durably, then applies retention.
-    pub fn record_failure(&self, step: Step, reason: &str) -> io::Result<()> {
+    /// Records that the run never started (durably, then applies retention) and returns the
+    /// line `start` prints. The record is small, but the disk may still refuse it (filled again
+    /// by someone else, or out of inodes). A claimed folder without a record would then read as
+    /// `lost` forever, so instead the claim is given back: the folder is removed and the id
+    /// reads as unknown. That loses nothing, since the program never ran, and a redelivered
+    /// start simply tries again. The line says which of these happened.
+    pub fn fail(&self, step: Step, reason: &str) -> String {
         let mut r = self.record(FinalState::Failed);
         r.failure = Some(Failure {
             step,
             reason: reason.to_string(),
         });
-        self.finish(&r)
+        let Err(e) = self.finish(&r) else {
+            return reason.to_string();
+        };
+        let why = describe_io(&e);
+        let dir = self.run_dir();
+        let removed = retention::remove(&self.store, self.id.as_str().as_ref(), 0)
+            // Where even the rename into tmp/ is refused, removing in place still beats a run
+            // that reads as lost for good.
+            .or_else(|_| std::fs::remove_dir_all(&dir));
+        // Best effort: should the removal not survive a crash, the run reads as lost, which
+        // is then the truth.
+        let _ = atomic::sync_dir(&self.store.runs_dir());
+        match removed {
+            Err(e) if dir.exists() => format!(
+                "{reason} (its failure record could not be written either: {why}, nor could the run be removed: {}; it reads as lost)",
+                describe_io(&e)
+            ),
+            _ => format!(
+                "{reason} (its failure record could not be written either: {why}; the run was removed, so its id can be started again)"
+            ),
+        }
     }
 
     fn finish(&self, r: &RunResult) -> io::Result<()> {
@@ -117,8 +165,8 @@ pub fn supervise(plan: Plan, report: OwnedFd) -> i32 {
             drop(report);
             watch(&plan, running)
         }
-        Err(message) => {
-            let _ = sys::write_raw(report.as_raw_fd(), message.as_bytes());
+        Err((class, line)) => {
+            let _ = sys::write_raw(report.as_raw_fd(), &report_refusal(class, &line));
             1
         }
     }
@@ -132,17 +180,20 @@ struct Running {
     err: Sink,
 }
 
-/// Everything up to the program's exec; an error is the line `start` prints.
-fn prepare_and_spawn(plan: &Plan) -> Result<Running, String> {
+/// Everything up to the program's exec; an error is the line `start` prints, and its class.
+fn prepare_and_spawn(plan: &Plan) -> Result<Running, (Refusal, String)> {
     let dir = plan.run_dir();
     let setup = |what: &str, e: io::Error| {
+        let class = Refusal::of_io(&e);
         let message = format!(
-            "cannot {what} for run {:?}: {}",
+            "cannot {what} for run {:?}: {}{}",
             plan.id.as_str(),
-            describe_io(&e)
+            describe_io(&e),
+            class.advice()
         );
-        record_or_note(plan, Step::Exec, message)
+        (class, plan.fail(Step::Exec, &message))
     };
+    let refused = |message: &str| (Refusal::Other, plan.fail(Step::Exec, message));
     // Emulators (qemu-user) refuse this; the cgroup then still finds the orphans.
     let subreaper = sys::set_child_subreaper().is_ok();
     let signals = sys::signalfd(sys::HANDLED).map_err(|e| setup("watch signals", e))?;
@@ -162,16 +213,12 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Running, String> {
         .collect();
     let Some(exec) = sys::Exec::new(plan.program.as_os_str().as_bytes(), &argv, &envp) else {
         let message = "an argument or --env value holds a NUL byte, which execve cannot pass";
-        return Err(record_or_note(plan, Step::Exec, message.to_string()));
+        return Err(refused(message));
     };
     let dir_c = match std::ffi::CString::new(dir.as_os_str().as_bytes()) {
         Ok(d) => d,
         Err(_) => {
-            return Err(record_or_note(
-                plan,
-                Step::Exec,
-                "the run folder's path holds a NUL byte".into(),
-            ));
+            return Err(refused("the run folder's path holds a NUL byte"));
         }
     };
     let place = sys::Placement {
@@ -187,7 +234,7 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Running, String> {
                 plan.digest,
                 describe_io(&e)
             );
-            return Err(record_or_note(plan, Step::Exec, message));
+            return Err(refused(&message));
         }
     };
     let pid = spawned.pid;
@@ -210,17 +257,6 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Running, String> {
         out,
         err,
     })
-}
-
-/// Records a failure and returns the message, noting when even the record could not be written.
-fn record_or_note(plan: &Plan, step: Step, message: String) -> String {
-    match plan.record_failure(step, &message) {
-        Ok(()) => message,
-        Err(e) => format!(
-            "{message} (and its failure record could not be written: {}; the run reads as lost)",
-            describe_io(&e)
-        ),
-    }
 }
 
 /// How long pipes may stay open after the whole tree is gone (only a process outside the tree
@@ -353,5 +389,25 @@ fn watch(plan: &Plan, mut run: Running) -> i32 {
         Ok(()) => 0,
         // Nobody listens any more; the run reads as lost, which is the truth.
         Err(_) => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Refusal, parse_refusal, report_refusal};
+
+    #[test]
+    fn a_refusal_survives_the_report_pipe_with_its_class() {
+        let line = "cannot create stdout for run \"r\": no space left on device; free space";
+        let report = report_refusal(Refusal::DiskFull, line);
+        assert_eq!(
+            parse_refusal(&report),
+            (Refusal::DiskFull, line.to_string())
+        );
+        // Anything else (an older supervisor's bare line) is still shown, as class Other.
+        assert_eq!(
+            parse_refusal(b"exec failed: x"),
+            (Refusal::Other, "exec failed: x".to_string())
+        );
     }
 }

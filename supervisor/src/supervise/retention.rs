@@ -2,7 +2,9 @@
 //! was written); running and lost runs are never removed.
 use run_store::Store;
 use run_store::layout::RESULT_FILE;
+use std::ffi::OsStr;
 use std::fs;
+use std::io;
 use std::time::SystemTime;
 
 pub fn prune(store: &Store, keep: usize) {
@@ -30,14 +32,20 @@ pub fn prune(store: &Store, keep: usize) {
     finished.sort();
     let excess = finished.len() - keep;
     for (n, (_, name)) in finished.into_iter().take(excess).enumerate() {
-        // Renamed away first, so no reader ever sees a half-removed run.
-        let gone = store.tmp_dir().join(format!(
-            "gone-{}-{}-{n}",
-            std::process::id(),
-            name.to_string_lossy()
-        ));
-        if fs::rename(runs.join(&name), &gone).is_ok() {
-            let _ = fs::remove_dir_all(&gone);
-        }
+        let _ = remove(store, &name, n);
     }
+}
+
+/// Removes the run folder `runs/<name>`, renamed into tmp/ first so no reader ever sees a
+/// half-removed run; `n` tells apart several removals by one process. Once renamed the run is
+/// gone for every reader, even if deleting its files then fails.
+pub fn remove(store: &Store, name: &OsStr, n: usize) -> io::Result<()> {
+    let gone = store.tmp_dir().join(format!(
+        "gone-{}-{}-{n}",
+        std::process::id(),
+        name.to_string_lossy()
+    ));
+    fs::rename(store.runs_dir().join(name), &gone)?;
+    let _ = fs::remove_dir_all(&gone);
+    Ok(())
 }
