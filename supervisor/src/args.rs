@@ -128,7 +128,19 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli> {
         }
         other => bail!("unknown command {other:?}: see fleet-run-supervisor --help"),
     };
-    Ok(Cli { root, command })
+    Ok(Cli {
+        root: absolute_root(root)?,
+        command,
+    })
+}
+
+/// The detached supervisor runs in `/` and the program in its run folder, so a relative
+/// `--root` is resolved once, here, against the caller's folder.
+fn absolute_root(root: PathBuf) -> Result<PathBuf> {
+    std::path::absolute(&root).map_err(|e| {
+        let reason = run_store::describe_io(&e);
+        anyhow!("bad --root {root:?}: {reason}; give the store folder's path")
+    })
 }
 
 fn parse_start(p: &mut Parser) -> Result<Start> {

@@ -144,19 +144,54 @@ fn skopeo_raw(image: &str, extra: &[&str]) -> Vec<u8> {
     out.stdout
 }
 
+/// The exact manifest bytes skopeo reads from an image on a plain-HTTP registry.
+fn skopeo_plain(image: &str) -> Vec<u8> {
+    skopeo_raw(image, &["--tls-verify=false"])
+}
+
+/// skopeo copies an image from a plain-HTTP registry into the layout `dir`, named `name`.
+fn skopeo_pull(image: &str, extra: &[&str], dir: &Path, name: &str) {
+    let dest = format!("oci:{}:{name}", dir.display());
+    let mut args = vec!["copy", "--src-tls-verify=false"];
+    args.extend_from_slice(extra);
+    args.extend([image, dest.as_str()]);
+    skopeo(&args);
+}
+
+/// The `oci:` reference of the image `small_image` names `app`.
+fn app_src(layout: &Layout) -> String {
+    format!("oci:{}:app", layout.dir().display())
+}
+
+/// Pushes a layout's `app` image to a plain-HTTP registry; returns the digest oci printed.
+fn push_app(layout: &Layout, dst: &str) -> String {
+    ok(&["push", &app_src(layout), dst, "--plain-http"])
+}
+
+/// A copy's JSON report says all three blobs were mounted and no byte was uploaded.
+fn assert_all_mounted(report: &serde_json::Value) {
+    assert_eq!(
+        (
+            report["blobsMounted"].as_u64(),
+            report["bytesUploaded"].as_u64()
+        ),
+        (Some(3), Some(0))
+    );
+}
+
+/// oci's line for an image the registry does not hold.
+fn not_found(image: &str) -> String {
+    format!("oci: {image} not found (404): check the repository, tag and digest")
+}
+
 #[test]
 fn push_is_what_skopeo_inspects_and_copies_out() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 1);
     let reg = Registry::plain();
-    let out = ok(&[
-        "push",
-        &format!("oci:{}:app", layout.dir().display()),
-        &reg.image("team/app:v1"),
-        "--plain-http",
-    ]);
+    let out = push_app(&layout, &reg.image("team/app:v1"));
     assert_eq!(out, digest.to_string());
-    let raw = skopeo_raw(&reg.image("team/app:v1"), &["--tls-verify=false"]);
+    let raw = skopeo_plain(&reg.image("team/app:v1"));
     assert_eq!(
         Digest::of(&raw),
         digest,
@@ -168,12 +203,7 @@ fn push_is_what_skopeo_inspects_and_copies_out() {
         "the manifest went up as stored"
     );
     let out = tmp.path().join("skopeo-out");
-    skopeo(&[
-        "copy",
-        "--src-tls-verify=false",
-        &reg.image("team/app:v1"),
-        &format!("oci:{}:back", out.display()),
-    ]);
+    skopeo_pull(&reg.image("team/app:v1"), &[], &out, "back");
     let back = Layout::open(&out).unwrap();
     let d = back
         .resolve(&oci::RefOrDigest::Name("back".into()))
@@ -198,7 +228,7 @@ fn repeat_push_uploads_zero_blob_bytes() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 2);
     let reg = Registry::plain();
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     let first = json(&["push", &src, &reg.image("app:v1"), "--plain-http", "--json"]);
     assert_eq!(first["blobsUploaded"], 3);
     assert_eq!(reg.blob_uploads(), 3);
@@ -231,12 +261,7 @@ fn copy_within_one_registry_mounts_instead_of_uploading() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 3);
     let reg = Registry::plain();
-    ok(&[
-        "push",
-        &format!("oci:{}:app", layout.dir().display()),
-        &reg.image("src/app:1"),
-        "--plain-http",
-    ]);
+    push_app(&layout, &reg.image("src/app:1"));
     let uploads = reg.blob_uploads();
     let r = json(&[
         "copy",
@@ -245,10 +270,7 @@ fn copy_within_one_registry_mounts_instead_of_uploading() {
         "--plain-http",
         "--json",
     ]);
-    assert_eq!(
-        (r["blobsMounted"].as_u64(), r["bytesUploaded"].as_u64()),
-        (Some(3), Some(0))
-    );
+    assert_all_mounted(&r);
     assert_eq!(reg.blob_uploads(), uploads, "no blob bytes moved");
     assert_eq!(
         reg.count("POST /v2/dst/app/blobs/uploads/?mount=sha256:"),
@@ -260,13 +282,7 @@ fn copy_within_one_registry_mounts_instead_of_uploading() {
             .filter(|r| r.contains("mount="))
             .all(|r| r.ends_with(" 201"))
     );
-    assert_eq!(
-        Digest::of(&skopeo_raw(
-            &reg.image("dst/app:1"),
-            &["--tls-verify=false"]
-        )),
-        digest
-    );
+    assert_eq!(Digest::of(&skopeo_plain(&reg.image("dst/app:1"))), digest);
 }
 
 #[test]
@@ -278,10 +294,10 @@ fn copy_between_registries_is_byte_exact_and_a_repeat_moves_nothing() {
     skopeo(&[
         "copy",
         "--dest-tls-verify=false",
-        &format!("oci:{}:app", layout.dir().display()),
+        &app_src(&layout),
         &a.image("app:1"),
     ]);
-    let from_skopeo = skopeo_raw(&a.image("app:1"), &["--tls-verify=false"]);
+    let from_skopeo = skopeo_plain(&a.image("app:1"));
     let out = ok(&[
         "copy",
         &a.image("app:1"),
@@ -289,10 +305,7 @@ fn copy_between_registries_is_byte_exact_and_a_repeat_moves_nothing() {
         "--plain-http",
     ]);
     assert_eq!(out, Digest::of(&from_skopeo).to_string());
-    assert_eq!(
-        skopeo_raw(&b.image("mirror/app:1"), &["--tls-verify=false"]),
-        from_skopeo
-    );
+    assert_eq!(skopeo_plain(&b.image("mirror/app:1")), from_skopeo);
     assert_eq!(Digest::of(&from_skopeo), digest);
     let uploads = b.blob_uploads();
     assert_eq!(uploads, 3);
@@ -337,7 +350,7 @@ fn index_copies_whole_and_platform_filter_makes_a_valid_smaller_index() {
         index_digest.to_string()
     );
     assert_eq!(
-        skopeo_raw(&reg.image("multi:all"), &["--tls-verify=false"]),
+        skopeo_plain(&reg.image("multi:all")),
         layout.read_blob(&index_digest, None).unwrap()
     );
     let arm = ok(&[
@@ -348,7 +361,7 @@ fn index_copies_whole_and_platform_filter_makes_a_valid_smaller_index() {
         "--platform",
         "linux/arm64",
     ]);
-    let raw = skopeo_raw(&reg.image("arm/only:1"), &["--tls-verify=false"]);
+    let raw = skopeo_plain(&reg.image("arm/only:1"));
     assert_eq!(Digest::of(&raw).to_string(), arm);
     let filtered: Index = serde_json::from_slice(&raw).unwrap();
     assert_eq!(filtered.manifests.len(), 1);
@@ -358,14 +371,12 @@ fn index_copies_whole_and_platform_filter_makes_a_valid_smaller_index() {
     );
     // skopeo resolves the filtered index for arm64 and copies that image out.
     let out = tmp.path().join("arm");
-    skopeo(&[
-        "copy",
-        "--src-tls-verify=false",
-        "--override-arch",
-        "arm64",
+    skopeo_pull(
         &reg.image("arm/only:1"),
-        &format!("oci:{}:a", out.display()),
-    ]);
+        &["--override-arch", "arm64"],
+        &out,
+        "a",
+    );
     let err = fails(&[
         "copy",
         &reg.image("multi:all"),
@@ -388,7 +399,7 @@ fn chunked_upload_when_asked() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 5);
     let reg = Registry::plain();
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     ok(&[
         "push",
         &src,
@@ -404,17 +415,9 @@ fn chunked_upload_when_asked() {
         "{:#?}",
         reg.requests()
     );
-    assert_eq!(
-        Digest::of(&skopeo_raw(&reg.image("chunks:1"), &["--tls-verify=false"])),
-        digest
-    );
+    assert_eq!(Digest::of(&skopeo_plain(&reg.image("chunks:1"))), digest);
     let out = tmp.path().join("out");
-    skopeo(&[
-        "copy",
-        "--src-tls-verify=false",
-        &reg.image("chunks:1"),
-        &format!("oci:{}:x", out.display()),
-    ]);
+    skopeo_pull(&reg.image("chunks:1"), &[], &out, "x");
 }
 
 #[test]
@@ -423,7 +426,7 @@ fn mutual_tls_with_flags_and_certs_d_and_the_messages_without() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 6);
     let reg = Registry::tls(&pki);
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     let (cert, key, ca) = (
         pki.client_cert.to_str().unwrap(),
         pki.client_key.to_str().unwrap(),
@@ -563,12 +566,7 @@ fn built_image_pushes_and_skopeo_copies_it_out() {
     ]));
     assert_eq!(Digest::of(raw.as_bytes()).to_string(), digest);
     let out = tmp.path().join("out");
-    skopeo(&[
-        "copy",
-        "--src-tls-verify=false",
-        &reg.image("web:1"),
-        &format!("oci:{}:web", out.display()),
-    ]);
+    skopeo_pull(&reg.image("web:1"), &[], &out, "web");
     assert_eq!(
         Digest::of(&skopeo_raw(&format!("oci:{}:web", out.display()), &[])).to_string(),
         digest
@@ -583,7 +581,7 @@ fn basic_auth_from_flag_env_and_auth_file_and_the_messages_without() {
         user: Some(("ci", "s3cret")),
         ..Options::default()
     });
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     let dst = reg.image("private/app:1");
     let err = fails(&["push", &src, &dst, "--plain-http"]);
     assert_eq!(
@@ -677,7 +675,7 @@ fn basic_auth_from_flag_env_and_auth_file_and_the_messages_without() {
 fn network_and_reference_faults_each_get_one_line() {
     let tmp = testkit::tempdir();
     let (layout, _) = small_image(tmp.path(), 8);
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     let port = testkit::registry::free_port();
     let err = fails(&[
         "push",
@@ -712,26 +710,14 @@ fn network_and_reference_faults_each_get_one_line() {
     );
     let reg = Registry::plain();
     let err = fails(&["inspect", &reg.image("missing:1"), "--plain-http"]);
-    assert_eq!(
-        err,
-        format!(
-            "oci: {} not found (404): check the repository, tag and digest",
-            reg.image("missing:1")
-        )
-    );
+    assert_eq!(err, not_found(&reg.image("missing:1")));
     let err = fails(&[
         "copy",
         &reg.image("missing:1"),
         &reg.image("other:1"),
         "--plain-http",
     ]);
-    assert_eq!(
-        err,
-        format!(
-            "oci: {} not found (404): check the repository, tag and digest",
-            reg.image("missing:1")
-        )
-    );
+    assert_eq!(err, not_found(&reg.image("missing:1")));
 }
 
 #[test]
@@ -749,7 +735,7 @@ fn corrupt_blob_is_refused_and_no_tag_points_at_a_half_pushed_image() {
     let reg = Registry::plain();
     let err = fails(&[
         "push",
-        &format!("oci:{}:app", layout.dir().display()),
+        &app_src(&layout),
         &reg.image("app:1"),
         "--plain-http",
     ]);
@@ -788,16 +774,11 @@ fn small_manifest(layout: &Layout) -> Digest {
 fn registry_faults_403_415_and_retries_429_503() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 10);
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     let reg = Registry::plain();
     let fault = Fault::new;
     let proxy = FaultProxy::start(reg.addr, vec![fault("*", "/v2/", 403, usize::MAX)]);
-    let err = fails(&[
-        "push",
-        &src,
-        &format!("docker://{}/app:1", proxy.host()),
-        "--plain-http",
-    ]);
+    let err = fails(&["push", &src, &proxy.image("app:1"), "--plain-http"]);
     assert_eq!(
         err,
         format!(
@@ -806,12 +787,7 @@ fn registry_faults_403_415_and_retries_429_503() {
         )
     );
     let proxy = FaultProxy::start(reg.addr, vec![fault("PUT", "/manifests/", 415, usize::MAX)]);
-    let err = fails(&[
-        "push",
-        &src,
-        &format!("docker://{}/app:1", proxy.host()),
-        "--plain-http",
-    ]);
+    let err = fails(&["push", &src, &proxy.image("app:1"), "--plain-http"]);
     assert_eq!(
         err,
         format!(
@@ -833,7 +809,7 @@ fn registry_faults_403_415_and_retries_429_503() {
     let out = ok(&[
         "push",
         &src,
-        &format!("docker://{}/retry:1", proxy.host()),
+        &proxy.image("retry:1"),
         "--plain-http",
         "--jobs",
         "1",
@@ -845,12 +821,7 @@ fn registry_faults_403_415_and_retries_429_503() {
         reg.addr,
         vec![fault("HEAD", "/manifests/", 503, usize::MAX)],
     );
-    let err = fails(&[
-        "push",
-        &src,
-        &format!("docker://{}/down:1", proxy.host()),
-        "--plain-http",
-    ]);
+    let err = fails(&["push", &src, &proxy.image("down:1"), "--plain-http"]);
     assert_eq!(
         err,
         format!(
@@ -864,13 +835,13 @@ fn registry_faults_403_415_and_retries_429_503() {
 fn a_413_falls_back_to_chunks_of_at_least_the_asked_length() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 13);
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     let reg = Registry::plain();
     let proxy = FaultProxy::start(reg.addr, vec![Fault::new("PUT", "/blobs/uploads/", 413, 1)]);
     let out = ok(&[
         "push",
         &src,
-        &format!("docker://{}/big:1", proxy.host()),
+        &proxy.image("big:1"),
         "--plain-http",
         "--jobs",
         "1",
@@ -883,10 +854,7 @@ fn a_413_falls_back_to_chunks_of_at_least_the_asked_length() {
         "{:#?}",
         reg.requests()
     );
-    assert_eq!(
-        Digest::of(&skopeo_raw(&reg.image("big:1"), &["--tls-verify=false"])),
-        digest
-    );
+    assert_eq!(Digest::of(&skopeo_plain(&reg.image("big:1"))), digest);
 }
 
 #[test]
@@ -902,7 +870,7 @@ fn bearer_tokens_with_scopes_including_pull_on_a_mount_source() {
         token: Some(&tokens),
         ..Options::default()
     });
-    let src = format!("oci:{}:app", layout.dir().display());
+    let src = app_src(&layout);
     let err = fails(&["push", &src, &reg.image("src/app:1"), "--plain-http"]);
     assert_eq!(
         err,
@@ -962,10 +930,7 @@ fn bearer_tokens_with_scopes_including_pull_on_a_mount_source() {
         "ci:pw",
         "--json",
     ]);
-    assert_eq!(
-        (r["blobsMounted"].as_u64(), r["bytesUploaded"].as_u64()),
-        (Some(3), Some(0))
-    );
+    assert_all_mounted(&r);
     assert!(
         tokens
             .requests()
@@ -1006,20 +971,12 @@ fn a_mount_answered_202_uploads_into_the_session_it_opened() {
     let tmp = testkit::tempdir();
     let (layout, digest) = small_image(tmp.path(), 15);
     let reg = Registry::plain();
-    ok(&[
-        "push",
-        &format!("oci:{}:app", layout.dir().display()),
-        &reg.image("src/app:1"),
-        "--plain-http",
-    ]);
+    push_app(&layout, &reg.image("src/app:1"));
     // The proxy drops ?mount= so the registry opens a plain session (202) instead of mounting (201).
     let mut ignore_mounts = Fault::new("POST", "?mount=", 0, usize::MAX);
     ignore_mounts.drop_query = true;
     let proxy = FaultProxy::start(reg.addr, vec![ignore_mounts]);
-    let (from, to) = (
-        format!("docker://{}/src/app:1", proxy.host()),
-        format!("docker://{}/dst/app:1", proxy.host()),
-    );
+    let (from, to) = (proxy.image("src/app:1"), proxy.image("dst/app:1"));
     let r = json(&["copy", &from, &to, "--plain-http", "--json"]);
     assert_eq!(
         (r["blobsMounted"].as_u64(), r["blobsUploaded"].as_u64()),
@@ -1032,11 +989,5 @@ fn a_mount_answered_202_uploads_into_the_session_it_opened() {
         "one session per blob, the one the mount answer opened"
     );
     assert_eq!(reg.count("PUT /v2/dst/app/blobs/uploads/"), 3);
-    assert_eq!(
-        Digest::of(&skopeo_raw(
-            &reg.image("dst/app:1"),
-            &["--tls-verify=false"]
-        )),
-        digest
-    );
+    assert_eq!(Digest::of(&skopeo_plain(&reg.image("dst/app:1"))), digest);
 }

@@ -931,3 +931,48 @@ fn staging_copies_a_program_once_and_repairs_a_damaged_copy() {
         "fleet-run-supervisor: cannot read /nonexistent/prog: no such file or directory\n"
     );
 }
+
+/// A relative `--root` once failed `start` with "cannot create stdout ...: no such file or
+/// directory", because the detached supervisor runs in `/`; every command now resolves it
+/// against the caller's folder.
+#[test]
+fn a_relative_root_no_longer_fails_start_with_cannot_create_stdout() {
+    let cwd = tempdir();
+    let relative = |args: &[&str]| {
+        let mut c = testkit::cmd(BIN);
+        c.current_dir(cwd.path())
+            .args(["--root", "rel-root"])
+            .args(args);
+        c
+    };
+    std::fs::write(cwd.path().join("prog.sh"), "#!/bin/sh\necho \"out $PWD\"\n").unwrap();
+    let p = ok(&mut relative(&["stage", "prog.sh"])).trim().to_string();
+    assert_eq!(p, sha256sum(&cwd.path().join("prog.sh")));
+    assert_eq!(
+        ok(&mut relative(&["start", "--run", "rel", "--program", &p])),
+        "running\n"
+    );
+    let v: Value =
+        serde_json::from_str(&ok(&mut relative(&["wait", "--run", "rel", "--json"]))).unwrap();
+    assert_eq!(v["state"], "finished");
+    assert_eq!(v["result"]["exit_code"], 0);
+    // The program sees its run folder by the path the supervisor resolved (getcwd's, canonical).
+    let dir = std::fs::canonicalize(cwd.path())
+        .unwrap()
+        .join("rel-root/runs/rel");
+    let collected = ok(&mut relative(&[
+        "collect", "--run", "rel", "--path", "stdout", "--out", "got.txt",
+    ]));
+    let got = cwd.path().join("got.txt");
+    assert_eq!(collected.trim(), sha256sum(&got));
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap(),
+        format!("out {}\n", dir.display())
+    );
+    let mut empty = testkit::cmd(BIN);
+    empty.args(["--root", "", "list"]);
+    assert_eq!(
+        fails(&mut empty),
+        "fleet-run-supervisor: bad --root \"\": cannot make an empty path absolute; give the store folder's path\n"
+    );
+}

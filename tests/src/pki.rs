@@ -56,28 +56,37 @@ fn openssl(dir: &Path, args: &[&str]) {
     crate::ok(Command::new("openssl").current_dir(dir).args(args));
 }
 
+/// `openssl req` with a fresh P-256 key `NAME.key`: a signing request in `out`, or with
+/// `-x509` among `extra` a self-signed certificate.
+fn req_with_new_key(dir: &Path, name: &str, cn: &str, out: &str, extra: &[&str]) {
+    let (key, subj) = (format!("{name}.key"), format!("/CN={cn}"));
+    let mut args = vec![
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        out,
+        "-subj",
+        &subj,
+    ];
+    args.extend_from_slice(extra);
+    openssl(dir, &args);
+}
+
 fn ca(dir: &Path, name: &str, cn: &str) {
-    let (key, crt, subj) = (
-        format!("{name}.key"),
-        format!("{name}.crt"),
-        format!("/CN={cn}"),
-    );
-    openssl(
+    let crt = format!("{name}.crt");
+    req_with_new_key(
         dir,
+        name,
+        cn,
+        &crt,
         &[
-            "req",
             "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &crt,
-            "-subj",
-            &subj,
             "-days",
             "2",
             "-addext",
@@ -89,31 +98,10 @@ fn ca(dir: &Path, name: &str, cn: &str) {
 }
 
 fn leaf(dir: &Path, name: &str, ca: &str, extensions: &str) {
-    let (key, csr, crt) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-    );
+    let (csr, crt) = (format!("{name}.csr"), format!("{name}.crt"));
     let ext = format!("{name}.ext");
     std::fs::write(dir.join(&ext), extensions).expect("can write the extensions file");
-    let subj = format!("/CN={name}");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &subj,
-        ],
-    );
+    req_with_new_key(dir, name, name, &csr, &[]);
     let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
     openssl(
         dir,

@@ -262,6 +262,11 @@ impl FaultProxy {
         self.addr.to_string()
     }
 
+    /// `docker://127.0.0.1:PORT/REPO` through the proxy.
+    pub fn image(&self, repo_and_tag: &str) -> String {
+        format!("docker://{}/{repo_and_tag}", self.host())
+    }
+
     /// How many faults were answered so far.
     pub fn injected(&self) -> usize {
         self.injected.load(std::sync::atomic::Ordering::SeqCst)
