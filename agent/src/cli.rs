@@ -85,6 +85,8 @@ pub enum CoordinatorCommand {
     Status(StatusArgs),
     /// Copy a file from a run's folder; prints its sha256:HEX
     Collect(CollectArgs),
+    /// Stop a run on its node (needs `serve`); returns once the run ended
+    Stop(StopArgs),
 }
 
 #[derive(Args)]
@@ -142,6 +144,12 @@ pub struct CollectArgs {
     /// Where to write it
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct StopArgs {
+    #[arg(long)]
+    pub run: String,
 }
 
 #[derive(Args, Clone)]

@@ -14,6 +14,7 @@ use fleet_agent::coordinator::{
     self, Coordinator, NodeView, TokenRequest, operator, serve, userdata,
 };
 use fleet_agent::facts::FactsSource;
+use fleet_agent::protocol::RunOptions;
 use fleet_agent::session::SessionSettings;
 use fleet_agent::{agent, logging};
 use std::sync::Arc;
@@ -116,6 +117,10 @@ fn run_coordinator(args: CoordinatorArgs) -> Result<()> {
             let digest = save_collected(&answer, &c.out)?;
             println!("{digest}");
         }
+        CoordinatorCommand::Stop(s) => {
+            operate(&data, operator::Request::Stop { run: s.run.clone() })?;
+            println!("stopped {}", s.run);
+        }
     }
     Ok(())
 }
@@ -133,11 +138,13 @@ fn run_request(r: &RunArgs) -> Result<RunRequest> {
         node: r.node.clone(),
         all: r.all,
         program_b64: b64(read(&r.program)?),
-        argv: r.args.clone(),
-        timeout_ms: r.timeout.map(|t| t.as_millis() as u64),
-        output_limit: r.output_limit,
-        env: r.env.clone(),
-        inputs,
+        options: RunOptions {
+            argv: r.args.clone(),
+            timeout_ms: r.timeout.map(|t| t.as_millis() as u64),
+            output_limit: r.output_limit,
+            env: r.env.clone(),
+            inputs,
+        },
         repeat: r.repeat,
     })
 }
@@ -163,9 +170,10 @@ fn print_status(data: &std::path::Path, s: &StatusArgs) -> Result<()> {
         "RUN", "NODE", "STATE", "EXIT"
     );
     for r in rows {
-        let exit = match (r.exit_code, r.timed_out) {
-            (_, true) => "timed out".to_string(),
-            (Some(code), _) => code.to_string(),
+        let exit = match (r.exit_code, r.timed_out, r.stopped) {
+            (_, true, _) => "timed out".to_string(),
+            (_, _, true) => "stopped".to_string(),
+            (Some(code), _, _) => code.to_string(),
             _ => "-".to_string(),
         };
         println!(

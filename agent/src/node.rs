@@ -127,11 +127,11 @@ impl Node {
         let spec = RunSpec {
             run_id: run_id.clone(),
             program: start.program.clone(),
-            argv: start.argv.iter().map(Into::into).collect(),
-            timeout: start.timeout_ms.map(Duration::from_millis),
+            argv: start.options.argv.iter().map(Into::into).collect(),
+            timeout: start.options.timeout_ms.map(Duration::from_millis),
             grace: None,
-            output_limit: start.output_limit,
-            env: start.env.clone(),
+            output_limit: start.options.output_limit,
+            env: start.options.env.clone(),
             inputs,
         };
         let started = self.runtime.start(&spec);
@@ -159,7 +159,7 @@ impl Node {
 
     fn write_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, String> {
         let mut out = Vec::new();
-        for (name, content) in &start.inputs {
+        for (name, content) in &start.options.inputs {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
                 return Err(format!(
                     "run {}: input name {name:?} must be a plain file name",

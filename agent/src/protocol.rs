@@ -106,6 +106,14 @@ pub struct StartRun {
     pub run_id: String,
     /// `sha256:HEX` of a staged program.
     pub program: String,
+    #[serde(flatten)]
+    pub options: RunOptions,
+}
+
+/// How a program runs, the same from the operator's request through the coordinator's row to the
+/// node's start command (flattened into each, so the JSON keeps these fields at its top level).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunOptions {
     #[serde(default)]
     pub argv: Vec<String>,
     pub timeout_ms: Option<u64>,

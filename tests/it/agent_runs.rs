@@ -30,14 +30,19 @@ impl Fleet {
             agent: None,
             starts: 0,
         };
-        fleet.start_agent();
-        let agent = fleet.agent.as_ref().unwrap();
+        fleet.start_joined_agent();
+        fleet
+    }
+
+    /// Starts the agent and waits for its session to open.
+    fn start_joined_agent(&mut self) {
+        self.start_agent();
+        let agent = self.agent.as_ref().unwrap();
         assert!(
             agent.wait_for("session open", 1, WAIT),
             "log: {}",
             agent.log_text()
         );
-        fleet
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -82,6 +87,25 @@ impl Fleet {
                 .args(args),
         );
         out.trim().to_string()
+    }
+
+    /// A program that runs `first`, then appends its first argument to a side-effect file, so
+    /// each execution leaves one line; returns (that file, the program).
+    fn effect_program(&self, name: &str, first: &str) -> (PathBuf, PathBuf) {
+        let effects = self.path("effects");
+        let body = format!("{first}\necho \"$1\" >> {}", effects.display());
+        (effects.clone(), script(&self.path(name), &body))
+    }
+
+    /// Starts `sleep 60` with a unique argument (to find its processes by) and waits until it
+    /// runs; returns (that argument, the set id, the run id).
+    fn run_sleeper(&self, name: &str) -> (String, String, String) {
+        let token = format!("{name}-{}", std::process::id());
+        let program = script(&self.path("long.sh"), "sleep 60");
+        let set = self.run(&program, &[], &[&token]);
+        let row = self.wait_row(&set, |r| r["state"] == "running");
+        let run = row["run_id"].as_str().unwrap().to_string();
+        (token, set, run)
     }
 
     fn status(&self, set: &str) -> Vec<Value> {
@@ -185,46 +209,33 @@ fn runs_with_arguments_and_a_timeout_then_collects_a_file() {
     );
 
     // Bad input gets one clear line, and the agent goes on serving.
-    let err = testkit::fails(
-        fleet
-            .coord
-            .command()
-            .args([
-                "collect",
-                "--run",
-                run,
-                "--path",
-                "../../../etc/passwd",
-                "--out",
-            ])
-            .arg(&out),
-    );
+    let last = fleet.coord.refusal(&[
+        "collect",
+        "--run",
+        run,
+        "--path",
+        "../../../etc/passwd",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     // One line naming the run and the escape; the rest of the wording is the runtime's.
-    let last = err.lines().last().unwrap();
     assert!(
         last.starts_with(&format!("fleet-agent: run {run}: "))
             && last.contains("leaves the run folder"),
         "{last}"
     );
-    let err = testkit::fails(
-        fleet
-            .coord
-            .command()
-            .args(["run", "--node", "nobody", "--program"])
-            .arg(&program),
-    );
     assert_eq!(
-        err.lines().last().unwrap(),
+        fleet.coord.refusal(&[
+            "run",
+            "--node",
+            "nobody",
+            "--program",
+            program.to_str().unwrap()
+        ]),
         "fleet-agent: no node matches nobody: see `fleet-agent coordinator nodes`"
     );
-    let err = testkit::fails(
-        fleet
-            .coord
-            .command()
-            .args(["status", "--set", "s-000000000000"]),
-    );
     assert_eq!(
-        err.lines().last().unwrap(),
+        fleet.coord.refusal(&["status", "--set", "s-000000000000"]),
         "fleet-agent: no set s-000000000000: it never existed or was pruned"
     );
     let again = testkit::ok(
@@ -241,11 +252,7 @@ fn runs_with_arguments_and_a_timeout_then_collects_a_file() {
 #[test]
 fn a_stopped_coordinator_misses_no_event_and_stores_none_twice() {
     let mut fleet = Fleet::new();
-    let marker = fleet.path("effects");
-    let program = script(
-        &fleet.path("work.sh"),
-        &format!("sleep 1\necho \"$1\" >> {}", marker.display()),
-    );
+    let (marker, program) = fleet.effect_program("work.sh", "sleep 1");
     let sets: Vec<String> = (0..5)
         .map(|i| fleet.run(&program, &[], &[&format!("run-{i}")]))
         .collect();
@@ -274,11 +281,7 @@ fn a_stopped_coordinator_misses_no_event_and_stores_none_twice() {
 #[test]
 fn a_killed_supervisor_shows_lost_within_a_heartbeat() {
     let fleet = Fleet::new();
-    let token = format!("sleeper-{}", std::process::id());
-    let program = script(&fleet.path("long.sh"), "sleep 60");
-    let set = fleet.run(&program, &[], &[&token]);
-    let row = fleet.wait_row(&set, |r| r["state"] == "running");
-    let run = row["run_id"].as_str().unwrap().to_string();
+    let (token, set, run) = fleet.run_sleeper("sleeper");
     let supervisors = processes_with(&["fleet-run-supervisor", &run]);
     assert!(!supervisors.is_empty(), "no supervisor process for {run}");
     let killed = Instant::now();
@@ -293,6 +296,35 @@ fn a_killed_supervisor_shows_lost_within_a_heartbeat() {
     for pid in processes_with(&[&token]) {
         kill9(pid);
     }
+}
+
+#[test]
+fn a_stopped_run_ends_finished_and_says_it_was_stopped() {
+    let fleet = Fleet::new();
+    let (token, set, run) = fleet.run_sleeper("stoppable");
+    let begun = Instant::now();
+    let out = testkit::ok(fleet.coord.command().args(["stop", "--run", &run]));
+    assert_eq!(out.trim(), format!("stopped {run}"));
+    let row = fleet.wait_row(&set, is_final);
+    // Well before the program's own 60 s: the stop ended it, not the program.
+    assert!(begun.elapsed() < Duration::from_secs(20), "{row:#}");
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(row["stopped"], true, "{row:#}");
+    assert_events_once(&row);
+    assert!(
+        processes_with(&[&token]).is_empty(),
+        "the program outlived its stop"
+    );
+    let table = testkit::ok(fleet.coord.command().args(["status", "--run", &run]));
+    assert!(table.contains(" stopped "), "{table}");
+    assert_eq!(
+        fleet.coord.refusal(&["stop", "--run", &run]),
+        format!("fleet-agent: run {run} already ended (finished): there is nothing to stop")
+    );
+    assert_eq!(
+        fleet.coord.refusal(&["stop", "--run", "r-000000000000"]),
+        "fleet-agent: no run r-000000000000: it never existed or was pruned"
+    );
 }
 
 /// Pids whose command line holds every needle (ours only: the test started them).
@@ -322,11 +354,7 @@ fn kill9(pid: i32) {
 #[test]
 fn crash_loop_every_run_executes_once_and_reports_once() {
     let mut fleet = Fleet::new();
-    let effects = fleet.path("effects");
-    let program = script(
-        &fleet.path("once.sh"),
-        &format!("echo \"$1\" >> {}", effects.display()),
-    );
+    let (effects, program) = fleet.effect_program("once.sh", "true");
     const RUNS: usize = 200;
     let mut sets = Vec::new();
     let mut kills = 0;
@@ -399,7 +427,7 @@ impl Lcg {
 /// The node's command handling with the real store and the real supervisor, command by command.
 mod node_commands {
     use fleet_agent::node::Node;
-    use fleet_agent::protocol::{Command, StartRun};
+    use fleet_agent::protocol::{Command, RunOptions, StartRun};
     use fleet_agent::runtime::ProcessRuntime;
     use serde_json::Value;
     use std::sync::Arc;
@@ -413,11 +441,11 @@ mod node_commands {
         Command::Start(StartRun {
             run_id: run_id.into(),
             program: program.into(),
-            argv: vec!["x".into()],
-            timeout_ms: Some(10_000),
-            output_limit: None,
-            env: Vec::new(),
-            inputs: Vec::new(),
+            options: RunOptions {
+                argv: vec!["x".into()],
+                timeout_ms: Some(10_000),
+                ..RunOptions::default()
+            },
         })
     }
 
@@ -541,14 +569,7 @@ fn a_run_nobody_takes_fails_and_a_run_on_a_lost_machine_is_lost() {
     fleet.coord = Coordinator::start(&fleet.path("coord2"), &["--waiting-timeout", "1s"]);
     std::fs::write(fleet.path("fleet.json"), fleet.coord.token(&[])).unwrap();
     let _ = std::fs::remove_dir_all(fleet.path("state"));
-    fleet.start_agent();
-    assert!(
-        fleet
-            .agent
-            .as_ref()
-            .unwrap()
-            .wait_for("session open", 1, WAIT)
-    );
+    fleet.start_joined_agent();
     fleet.kill_agent();
     let set = fleet.run(&program, &[], &[]);
     let row = fleet.wait_row(&set, is_final);
@@ -605,14 +626,7 @@ fn an_input_too_large_for_the_disk_fails_its_row_and_the_agent_goes_on() {
     let runs = fleet.path("runs");
     std::fs::create_dir_all(&runs).unwrap();
     let _mount = Tmpfs::mount(&runs, "1m");
-    fleet.start_agent();
-    assert!(
-        fleet
-            .agent
-            .as_ref()
-            .unwrap()
-            .wait_for("session open", 1, WAIT)
-    );
+    fleet.start_joined_agent();
     let big = fleet.path("big.bin");
     std::fs::write(&big, vec![7u8; 3 << 20]).unwrap();
     let program = script(&fleet.path("read.sh"), "ls -l");

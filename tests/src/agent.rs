@@ -118,6 +118,12 @@ impl Coordinator {
         cmd
     }
 
+    /// Runs `coordinator ARGS`, which must fail; returns the error, its last line on stderr.
+    pub fn refusal(&self, args: &[&str]) -> String {
+        let err = crate::fails(self.command().args(args));
+        err.lines().last().unwrap_or_default().to_string()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

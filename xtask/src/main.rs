@@ -3,6 +3,7 @@ mod bench;
 mod ci;
 mod cross;
 mod demo;
+mod fleet;
 mod soak;
 mod util;
 

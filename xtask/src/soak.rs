@@ -3,12 +3,12 @@
 //! The same loop as the crash-loop test, longer: runs are submitted while the agent is killed and
 //! restarted; at the end every run must have executed exactly once (each appends its own run
 //! folder to a side-effect file) and reached the coordinator exactly once (no duplicate event).
-use crate::{cross, util};
-use anyhow::{Context, Result, bail};
+use crate::fleet::{self, Coordinator, Proc};
+use crate::util;
+use anyhow::{Result, bail};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Runs submitted per kill: one, so 1 000 kills stay within the coordinator's retention of the
@@ -16,79 +16,32 @@ use std::time::{Duration, Instant};
 const RUNS_PER_KILL: usize = 1;
 
 pub fn run(kills: usize) -> Result<()> {
-    util::run(Command::new("cargo").args([
-        "build",
-        "--quiet",
-        "-p",
-        "fleet-agent",
-        "-p",
-        "fleet-run-supervisor",
-    ]))?;
-    let bin = cross::target_dir().join("debug/fleet-agent");
-    let work = cross::target_dir().join("soak");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    let data = work.join("coordinator");
-    let mut serve = Proc::spawn(
-        Command::new(&bin)
-            .args(["coordinator", "--data"])
-            .arg(&data)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--heartbeat",
-                "200ms",
-                "--lease",
-                "5s",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(work.join("coordinator.log"))?),
+    let bin = fleet::build_debug()?;
+    let work = fleet::fresh_dir("soak")?;
+    let serve = Coordinator::serve(
+        &bin,
+        &work.join("coordinator"),
+        &["--heartbeat", "200ms", "--lease", "5s"],
+        std::fs::File::create(work.join("coordinator.log"))?.into(),
     )?;
-    let mut line = String::new();
-    BufReader::new(serve.0.stdout.take().expect("piped")).read_line(&mut line)?;
-    let coordinator = |args: &[&str]| -> Result<String> {
-        let out = Command::new(&bin)
-            .args(["coordinator", "--data"])
-            .arg(&data)
-            .args(args)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "coordinator {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let coordinator = |args: &[&str]| serve.cli(args);
     std::fs::write(work.join("fleet.json"), coordinator(&["token"])?)?;
     let effects = work.join("effects");
-    let program = work.join("once.sh");
-    std::fs::write(
-        &program,
-        format!("#!/bin/sh\necho \"$PWD\" >> {}\n", effects.display()),
+    let program = fleet::script(
+        &work.join("once.sh"),
+        &format!("echo \"$PWD\" >> {}", effects.display()),
     )?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755))?;
     let program = program.to_string_lossy().into_owned();
     let repeat = RUNS_PER_KILL.to_string();
 
     let started = Instant::now();
     let mut rng = Lcg(std::process::id() as u64 ^ started.elapsed().as_nanos() as u64);
     let mut agent = start_agent(&bin, &work)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(work.join("agent.log"))
-        .unwrap_or_default()
-        .contains("session open")
-    {
-        if Instant::now() > deadline {
-            bail!(
-                "the agent did not join: see {}",
-                work.join("agent.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    fleet::wait_for_log(
+        &work.join("agent.log"),
+        "session open",
+        Duration::from_secs(30),
+    )?;
     let mut sets = Vec::new();
     for kill in 0..kills {
         let set = coordinator(&["run", "--all", "--repeat", &repeat, "--program", &program])?;
@@ -198,42 +151,11 @@ fn start_agent(bin: &Path, work: &Path) -> Result<Proc> {
         .append(true)
         .open(work.join("agent.log"))?;
     Proc::spawn(
-        Command::new(bin)
-            .arg("--join-file")
-            .arg(work.join("fleet.json"))
-            .arg("--state")
-            .arg(work.join("state"))
-            .arg("--run-store")
-            .arg(work.join("runs"))
-            .arg("--cloud-root")
-            .arg(work.join("cloud"))
-            .args([
-                "--accelerator-tool",
-                "/nonexistent/nvidia-smi",
-                "--retry-base",
-                "50ms",
-            ])
+        fleet::agent(bin, &work.join("fleet.json"), work)
+            .args(["--retry-base", "50ms"])
             .stdout(Stdio::null())
             .stderr(log),
     )
-}
-
-/// A child process SIGKILLed when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn spawn(cmd: &mut Command) -> Result<Proc> {
-        Ok(Proc(cmd.spawn().with_context(|| {
-            format!("cannot start {:?}", cmd.get_program())
-        })?))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A small generator, so xtask needs no extra dependency.

@@ -15,8 +15,8 @@ pub async fn handle(coordinator: &Coordinator, bundles: &Path, mut stream: TcpSt
         return;
     };
     let waiting = coordinator
-        .store
-        .has_waiting_token(now_ms())
+        .with_store(|store| store.has_waiting_token(now_ms()))
+        .await
         .unwrap_or(false);
     let answer = match route(&path) {
         Some((arch, want_sum)) if waiting => {

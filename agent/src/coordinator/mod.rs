@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use store::{CoordinatorStore, NodeRecord, RedbStore, StoreError, TokenRecord};
+use store::{CoordinatorStore, NodeRecord, RedbStore, StoreError, StoreResult, TokenRecord};
 
 pub const DEFAULT_DATA: &str = "/var/lib/octomy-coordinator";
 pub const DEFAULT_PORT: u16 = 18426;
@@ -94,6 +94,18 @@ pub fn token_hash(token: &str) -> String {
 }
 
 impl Coordinator {
+    /// Runs a store call on tokio's blocking pool: redb waits for its disk sync, and the serving
+    /// coordinator's one async thread must go on reading every other session meanwhile.
+    pub async fn with_store<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&dyn CoordinatorStore) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || call(store.as_ref()))
+            .await
+            .map_err(|e| StoreError::Db(format!("a store call did not complete: {e}")))?
+    }
+
     /// Opens (or creates) the data directory: key (0600) and store.
     pub fn open(data: &Path) -> Result<Coordinator, CoordinatorError> {
         let data_err = |cause| CoordinatorError::DataDir {

@@ -23,6 +23,9 @@ pub enum Request {
         run: String,
         path: String,
     },
+    Stop {
+        run: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -52,6 +55,7 @@ pub async fn handle(
             .status(set.as_deref(), run.as_deref())
             .map(to_json),
         Request::Collect { run, path } => coordinator.collect(&run, &path).await,
+        Request::Stop { run } => coordinator.stop(&run).await,
     };
     match result {
         Ok(v) => Response::Ok(v),

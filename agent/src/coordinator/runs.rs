@@ -3,7 +3,7 @@
 use super::store::{RunRow, is_final};
 use super::{Coordinator, CoordinatorError};
 use crate::fsutil::now_ms;
-use crate::protocol::Command;
+use crate::protocol::{Command, RunOptions};
 use base64::Engine;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -22,15 +22,8 @@ pub struct RunRequest {
     #[serde(default)]
     pub all: bool,
     pub program_b64: String,
-    #[serde(default)]
-    pub argv: Vec<String>,
-    pub timeout_ms: Option<u64>,
-    pub output_limit: Option<u64>,
-    #[serde(default)]
-    pub env: Vec<(String, String)>,
-    /// `(NAME, base64 content)`.
-    #[serde(default)]
-    pub inputs: Vec<(String, String)>,
+    #[serde(flatten)]
+    pub options: RunOptions,
     /// Runs per selected node (default 1).
     #[serde(default = "one")]
     pub repeat: u32,
@@ -56,6 +49,9 @@ pub struct RunView {
     pub state: String,
     pub exit_code: Option<i64>,
     pub timed_out: bool,
+    /// `coordinator stop` ended it.
+    #[serde(default)]
+    pub stopped: bool,
     pub error: Option<String>,
     pub events: Vec<u64>,
     pub result: Option<serde_json::Value>,
@@ -66,14 +62,18 @@ impl From<RunRow> for RunView {
         let result = row.result.as_ref();
         // The supervisor's status JSON holds result.json under `result` once the run ended.
         let record = result.map(|r| r.get("result").unwrap_or(r));
+        let flag = |name: &str| {
+            record
+                .and_then(|r| r.get(name))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false)
+        };
         RunView {
             exit_code: record
                 .and_then(|r| r.get("exit_code"))
                 .and_then(|v| v.as_i64()),
-            timed_out: record
-                .and_then(|r| r.get("timed_out"))
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
+            timed_out: flag("timed_out"),
+            stopped: flag("stopped"),
             events: row.events.iter().map(|e| e.id).collect(),
             run_id: row.id,
             set_id: row.set_id,
@@ -158,11 +158,7 @@ impl Coordinator {
                 node_id,
                 state: "waiting".into(),
                 program: digest.clone(),
-                argv: request.argv.clone(),
-                timeout_ms: request.timeout_ms,
-                output_limit: request.output_limit,
-                env: request.env.clone(),
-                inputs: request.inputs.clone(),
+                options: request.options.clone(),
                 created_ms: now,
                 updated_ms: now,
                 accepted: false,
@@ -190,9 +186,7 @@ impl Coordinator {
             (Some(set), _) => self.store.set_runs(set)?.ok_or_else(|| {
                 CoordinatorError::Request(format!("no set {set}: it never existed or was pruned"))
             })?,
-            (None, Some(run)) => vec![self.store.run(run)?.ok_or_else(|| {
-                CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
-            })?],
+            (None, Some(run)) => vec![self.known_run(run)?],
             (None, None) => {
                 return Err(CoordinatorError::Request(
                     "pass --set ID or --run ID".into(),
@@ -208,9 +202,50 @@ impl Coordinator {
         run: &str,
         path: &str,
     ) -> Result<serde_json::Value, CoordinatorError> {
-        let row = self.store.run(run)?.ok_or_else(|| {
+        let row = self.known_run(run)?;
+        let command = Command::Collect {
+            run_id: run.to_string(),
+            path: path.to_string(),
+        };
+        self.call_node(&row, "collect", command).await
+    }
+
+    /// Stops a run through its node's live session. The node answers once the run ended; the
+    /// row follows with the run's final event, its record saying it was stopped.
+    pub async fn stop(&self, run: &str) -> Result<serde_json::Value, CoordinatorError> {
+        let row = self.known_run(run)?;
+        if is_final(&row.state) {
+            return Err(CoordinatorError::Request(format!(
+                "run {run} already ended ({}): there is nothing to stop",
+                row.state
+            )));
+        }
+        if !row.accepted {
+            return Err(CoordinatorError::Request(format!(
+                "run {run} has not reached node {} yet: stop it once `status` shows it starting or running",
+                row.node_id
+            )));
+        }
+        let command = Command::Stop {
+            run_id: run.to_string(),
+        };
+        self.call_node(&row, "stop", command).await
+    }
+
+    fn known_run(&self, run: &str) -> Result<RunRow, CoordinatorError> {
+        self.store.run(run)?.ok_or_else(|| {
             CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
-        })?;
+        })
+    }
+
+    /// Sends `command` to the node of `row` over its live session (`what` names the operator
+    /// command for the error when there is none) and returns the node's `ok` answer.
+    async fn call_node(
+        &self,
+        row: &RunRow,
+        what: &str,
+        command: Command,
+    ) -> Result<serde_json::Value, CoordinatorError> {
         let link = self
             .live
             .sessions
@@ -220,15 +255,11 @@ impl Coordinator {
             .map(|(_, tx)| tx.clone());
         let Some(link) = link else {
             return Err(CoordinatorError::Request(format!(
-                "node {} has no session now: collect needs it connected to a serving coordinator",
+                "node {} has no session now: {what} needs it connected to a serving coordinator",
                 row.node_id
             )));
         };
         let (reply, answer) = oneshot::channel();
-        let command = Command::Collect {
-            run_id: run.to_string(),
-            path: path.to_string(),
-        };
         let gone = || {
             CoordinatorError::Request(format!("node {} went away before answering", row.node_id))
         };

@@ -93,13 +93,20 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
     let mut tick = tokio::time::interval(config.heartbeat);
     loop {
         tick.tick().await;
-        let swept = coordinator.sweep(
-            config.waiting_timeout.as_millis() as u64,
-            up_since,
-            config.lease.as_millis() as u64,
-        );
-        if let Err(e) = swept {
-            tracing::warn!("the run sweep failed: {e}");
+        let (swept_by, config) = (coordinator.clone(), config.clone());
+        // The sweep is store calls only: off the async thread, like every other store call here.
+        let swept = tokio::task::spawn_blocking(move || {
+            swept_by.sweep(
+                config.waiting_timeout.as_millis() as u64,
+                up_since,
+                config.lease.as_millis() as u64,
+            )
+        })
+        .await;
+        match swept {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("the run sweep failed: {e}"),
+            Err(e) => tracing::warn!("the run sweep did not complete: {e}"),
         }
     }
 }
@@ -130,9 +137,10 @@ async fn handle_tls(
             let id = node_id(&cert.key);
             let now = now_ms();
             let lease_until = now + config.lease.as_millis() as u64;
+            let (hash, key_for_store) = (token_hash(&token.0), key.clone());
             let redeemed = coordinator
-                .store
-                .redeem(&token_hash(&token.0), &key, &id, now, lease_until)
+                .with_store(move |store| store.redeem(&hash, &key_for_store, &id, now, lease_until))
+                .await
                 .map_err(|e| e.to_string())?
                 .ok_or("a join with an unknown, expired or already spent token")?;
             let node = redeemed.node;
@@ -162,9 +170,10 @@ async fn session(
     cert: CertInfo,
     node_id: String,
 ) -> Result<(), String> {
+    let id = node_id.clone();
     let node = coordinator
-        .store
-        .node(&node_id)
+        .with_store(move |store| store.node(&id))
+        .await
         .map_err(|e| e.to_string())?
         .ok_or("a session for an unknown node")?;
     if node.public_key != pin::key_text(&cert.key) {
@@ -182,9 +191,10 @@ async fn session(
         ));
     }
     let lease_ms = config.lease.as_millis() as u64;
+    let id = node_id.clone();
     let generation = coordinator
-        .store
-        .open_session(&node_id, now_ms() + lease_ms)
+        .with_store(move |store| store.open_session(&id, now_ms() + lease_ms))
+        .await
         .map_err(|e| e.to_string())?;
     let welcome = Down::Welcome {
         generation,
@@ -334,9 +344,10 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
 
     /// Sends every run waiting for this node that is not in flight yet, staging its program first.
     async fn dispatch(&mut self) -> Result<(), String> {
-        let store = &self.coordinator.store;
-        let mut waiting: Vec<RunRow> = store
-            .active_runs()
+        let mut waiting: Vec<RunRow> = self
+            .coordinator
+            .with_store(|store| store.active_runs())
+            .await
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|r| r.node_id == self.node_id && !r.accepted)
@@ -349,8 +360,11 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 continue;
             }
             if self.staged.insert(run.program.clone()) {
-                let bytes = store
-                    .program(&run.program)
+                let digest = run.program.clone();
+                let bytes = self
+                    .coordinator
+                    .with_store(move |store| store.program(&digest))
+                    .await
                     .map_err(|e| e.to_string())?
                     .unwrap_or_default();
                 let stage = Command::Stage {
@@ -370,11 +384,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             let start = Command::Start(StartRun {
                 run_id: run.id,
                 program: run.program,
-                argv: run.argv,
-                timeout_ms: run.timeout_ms,
-                output_limit: run.output_limit,
-                env: run.env,
-                inputs: run.inputs,
+                options: run.options,
             });
             self.send(op, start).await?;
         }
@@ -382,7 +392,6 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     }
 
     async fn handle(&mut self, batch: Vec<Up>) -> Result<(), String> {
-        let store = &self.coordinator.store;
         let mut events = Vec::new();
         let mut accepted = Vec::new();
         let mut heartbeat = false;
@@ -390,12 +399,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             match msg {
                 Up::Event { event } => events.push(event),
                 Up::Heartbeat => heartbeat = true,
-                Up::Facts { facts } => {
-                    let now = now_ms();
-                    store
-                        .heartbeat(&self.node_id, now, now + self.lease_ms, Some(facts))
-                        .map_err(|e| e.to_string())?;
-                }
+                Up::Facts { facts } => self.heartbeat(Some(facts)).await?,
                 Up::Result { op, result } => self.answered(&op, result, &mut accepted),
                 _ => {
                     return Err(format!(
@@ -408,23 +412,38 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         // Events prove the node alive too, but the lease is only written on heartbeats: one write
         // per interval, not one per batch.
         if heartbeat {
-            let now = now_ms();
-            store
-                .heartbeat(&self.node_id, now, now + self.lease_ms, None)
-                .map_err(|e| e.to_string())?;
+            self.heartbeat(None).await?;
         }
         if !accepted.is_empty() {
-            store.accept_runs(&accepted).map_err(|e| e.to_string())?;
+            self.coordinator
+                .with_store(move |store| store.accept_runs(&accepted))
+                .await
+                .map_err(|e| e.to_string())?;
         }
         if !events.is_empty() {
-            let up_to = store
-                .apply_events(&self.node_id, &events)
+            let id = self.node_id.clone();
+            let up_to = self
+                .coordinator
+                .with_store(move |store| store.apply_events(&id, &events))
+                .await
                 .map_err(|e| e.to_string())?;
             protocol::write_msg(&mut self.writer, &Down::Ack { up_to })
                 .await
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// Records a heartbeat (with new facts, when given) and extends the node's lease.
+    async fn heartbeat(&self, facts: Option<crate::facts::Facts>) -> Result<(), String> {
+        let (id, lease_ms) = (self.node_id.clone(), self.lease_ms);
+        self.coordinator
+            .with_store(move |store| {
+                let now = now_ms();
+                store.heartbeat(&id, now, now + lease_ms, facts)
+            })
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Settles an answered operation; start answers are gathered for one transaction.

@@ -1,6 +1,7 @@
 //! The coordinator's durable state behind a narrow trait (`CoordinatorStore`), so a hub can put
 //! PostgreSQL behind it later; the embedded default is redb. Tokens are kept only as hashes.
 use crate::facts::Facts;
+use crate::protocol::RunOptions;
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -63,14 +64,8 @@ pub struct RunRow {
     /// `waiting`, `starting`, `running`, `finished`, `failed` or `lost`.
     pub state: String,
     pub program: String,
-    pub argv: Vec<String>,
-    pub timeout_ms: Option<u64>,
-    pub output_limit: Option<u64>,
-    #[serde(default)]
-    pub env: Vec<(String, String)>,
-    /// `(NAME, base64 content)`.
-    #[serde(default)]
-    pub inputs: Vec<(String, String)>,
+    #[serde(flatten)]
+    pub options: RunOptions,
     pub created_ms: u64,
     pub updated_ms: u64,
     /// The node answered the start (the run is its now, whatever happens next).
@@ -219,6 +214,27 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("records serialize")
 }
 
+type JsonTable = TableDefinition<'static, &'static str, &'static [u8]>;
+
+/// The JSON record under `key`, or None when there is none.
+fn get_record<T: serde::de::DeserializeOwned>(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> StoreResult<Option<T>> {
+    match table.get(key).map_err(fail)? {
+        Some(v) => decode(key, v.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A node that sends anything has joined, so a missing record means the store is damaged.
+fn known_node(
+    nodes: &impl ReadableTable<&'static str, &'static [u8]>,
+    id: &str,
+) -> StoreResult<NodeRecord> {
+    get_record(nodes, id)?.ok_or_else(|| StoreError::Corrupt(format!("node {id} (missing)")))
+}
+
 impl CoordinatorStore for RedbStore {
     fn add_token(&self, hash: &str, token: &TokenRecord) -> StoreResult<()> {
         let tx = self.db.begin_write().map_err(fail)?;
@@ -243,21 +259,14 @@ impl CoordinatorStore for RedbStore {
         let answer = {
             let mut tokens = tx.open_table(TOKENS).map_err(fail)?;
             let mut nodes = tx.open_table(NODES).map_err(fail)?;
-            let token: Option<TokenRecord> = match tokens.get(hash).map_err(fail)? {
-                Some(v) => Some(decode(hash, v.value())?),
-                None => None,
-            };
+            let token: Option<TokenRecord> = get_record(&tokens, hash)?;
             match token {
                 Some(mut token) if now_ms < token.expires_at_ms => {
                     match token.spent_by.as_deref() {
                         Some(spender) if spender != key => None,
-                        Some(_) => match nodes.get(node_id).map_err(fail)? {
-                            Some(v) => Some(Redeemed {
-                                node: decode(node_id, v.value())?,
-                                first: false,
-                            }),
-                            None => None,
-                        },
+                        Some(_) => {
+                            get_record(&nodes, node_id)?.map(|node| Redeemed { node, first: false })
+                        }
                         None => {
                             token.spent_by = Some(key.to_string());
                             tokens
@@ -303,12 +312,7 @@ impl CoordinatorStore for RedbStore {
     }
 
     fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
-        let tx = self.db.begin_read().map_err(fail)?;
-        let nodes = tx.open_table(NODES).map_err(fail)?;
-        match nodes.get(id).map_err(fail)? {
-            Some(v) => Ok(Some(decode(id, v.value())?)),
-            None => Ok(None),
-        }
+        self.read_record(NODES, id)
     }
 
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
@@ -397,20 +401,13 @@ impl CoordinatorStore for RedbStore {
         let runs = tx.open_table(RUNS).map_err(fail)?;
         let mut out = Vec::new();
         for id in ids {
-            if let Some(v) = runs.get(id.as_str()).map_err(fail)? {
-                out.push(decode(&id, v.value())?);
-            }
+            out.extend(get_record(&runs, &id)?);
         }
         Ok(Some(out))
     }
 
     fn run(&self, id: &str) -> StoreResult<Option<RunRow>> {
-        let tx = self.db.begin_read().map_err(fail)?;
-        let runs = tx.open_table(RUNS).map_err(fail)?;
-        match runs.get(id).map_err(fail)? {
-            Some(v) => Ok(Some(decode(id, v.value())?)),
-            None => Ok(None),
-        }
+        self.read_record(RUNS, id)
     }
 
     fn active_runs(&self) -> StoreResult<Vec<RunRow>> {
@@ -420,9 +417,7 @@ impl CoordinatorStore for RedbStore {
         let mut out = Vec::new();
         for entry in active.iter().map_err(fail)? {
             let (id, _) = entry.map_err(fail)?;
-            if let Some(v) = runs.get(id.value()).map_err(fail)? {
-                out.push(decode(id.value(), v.value())?);
-            }
+            out.extend(get_record(&runs, id.value())?);
         }
         Ok(out)
     }
@@ -456,10 +451,7 @@ impl CoordinatorStore for RedbStore {
         let tx = self.db.begin_write().map_err(fail)?;
         let last = {
             let mut nodes = tx.open_table(NODES).map_err(fail)?;
-            let mut node: NodeRecord = match nodes.get(node_id).map_err(fail)? {
-                Some(v) => decode(node_id, v.value())?,
-                None => return Err(StoreError::Corrupt(format!("node {node_id} (missing)"))),
-            };
+            let mut node = known_node(&nodes, node_id)?;
             let mut retired = Vec::new();
             {
                 let mut runs = tx.open_table(RUNS).map_err(fail)?;
@@ -468,10 +460,7 @@ impl CoordinatorStore for RedbStore {
                         continue;
                     }
                     node.last_event_id = event.id;
-                    let row: Option<RunRow> = match runs.get(event.run_id.as_str()).map_err(fail)? {
-                        Some(v) => Some(decode(&event.run_id, v.value())?),
-                        None => None,
-                    };
+                    let row: Option<RunRow> = get_record(&runs, &event.run_id)?;
                     let Some(mut row) = row.filter(|r| r.node_id == node_id) else {
                         continue;
                     };
@@ -519,10 +508,7 @@ fn change_run_in(
     change: &mut dyn FnMut(&mut RunRow),
 ) -> StoreResult<Option<RunRow>> {
     let mut runs = tx.open_table(RUNS).map_err(fail)?;
-    let row: Option<RunRow> = match runs.get(id).map_err(fail)? {
-        Some(v) => Some(decode(id, v.value())?),
-        None => None,
-    };
+    let row: Option<RunRow> = get_record(&runs, id)?;
     let Some(mut row) = row else {
         return Ok(None);
     };
@@ -564,6 +550,16 @@ fn retire(tx: &redb::WriteTransaction, id: &str) -> StoreResult<()> {
 }
 
 impl RedbStore {
+    /// One record, in a read transaction of its own.
+    fn read_record<T: serde::de::DeserializeOwned>(
+        &self,
+        table: JsonTable,
+        key: &str,
+    ) -> StoreResult<Option<T>> {
+        let tx = self.db.begin_read().map_err(fail)?;
+        get_record(&tx.open_table(table).map_err(fail)?, key)
+    }
+
     fn update_node(
         &self,
         id: &str,
@@ -572,10 +568,7 @@ impl RedbStore {
         let tx = self.db.begin_write().map_err(fail)?;
         let node = {
             let mut nodes = tx.open_table(NODES).map_err(fail)?;
-            let mut node: NodeRecord = match nodes.get(id).map_err(fail)? {
-                Some(v) => decode(id, v.value())?,
-                None => return Err(StoreError::Corrupt(format!("node {id} (missing)"))),
-            };
+            let mut node = known_node(&nodes, id)?;
             change(&mut node);
             nodes.insert(id, encode(&node).as_slice()).map_err(fail)?;
             node

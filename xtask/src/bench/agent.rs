@@ -2,11 +2,12 @@
 //! to `Joined` on loopback, its stripped binary size, and the time to dispatch 1 000 short runs to
 //! one agent and receive every result, each beside a peer measured in the same run.
 use crate::cross;
+use crate::fleet::{self, Coordinator, wait_for_line};
 use crate::util::{measure, median, record_benchmark};
 use anyhow::{Context, Result, bail};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TARGET: &str = "x86_64-unknown-linux-musl";
@@ -21,10 +22,13 @@ pub fn run() -> Result<()> {
     let size = std::fs::metadata(&bin)
         .with_context(|| format!("cannot find {}", bin.display()))?
         .len();
-    let work = cross::target_dir().join("bench-agent");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    let mut coordinator = Serving::start(&bin, &work.join("coord"))?;
+    let work = fleet::fresh_dir("bench-agent")?;
+    let mut coordinator = Coordinator::serve(
+        &bin,
+        &work.join("coord"),
+        &["--heartbeat", "500ms"],
+        Stdio::null(),
+    )?;
 
     let mut joined_ms = Vec::new();
     let mut rss_kib = Vec::new();
@@ -76,95 +80,25 @@ pub fn run() -> Result<()> {
     record_benchmark("agent", &markdown)
 }
 
-/// A serving coordinator, killed on drop.
-struct Serving {
-    child: Child,
-    addr: String,
-    data: PathBuf,
-    bin: PathBuf,
-}
-
-impl Serving {
-    fn start(bin: &Path, data: &Path) -> Result<Serving> {
-        let mut child = Command::new(bin)
-            .args(["coordinator", "--data"])
-            .arg(data)
-            .args(["serve", "--listen", "127.0.0.1:0", "--heartbeat", "500ms"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start the coordinator")?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
-        let Some(addr) = line.trim().strip_prefix("listening on ") else {
-            bail!("the coordinator printed {line:?} instead of its address");
-        };
-        Ok(Serving {
-            addr: addr.to_string(),
-            child,
-            data: data.to_path_buf(),
-            bin: bin.to_path_buf(),
-        })
-    }
-
-    fn token(&self) -> Result<Vec<u8>> {
-        let out = Command::new(&self.bin)
-            .args(["coordinator", "--data"])
-            .arg(&self.data)
-            .arg("token")
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "coordinator token failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(out.stdout)
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 /// Starts one fresh agent; returns (milliseconds to `Joined`, idle RSS in KiB).
-fn join_once(bin: &Path, coordinator: &Serving, dir: &Path) -> Result<(f64, u64)> {
+fn join_once(bin: &Path, coordinator: &Coordinator, dir: &Path) -> Result<(f64, u64)> {
     std::fs::create_dir_all(dir)?;
     let join = dir.join("fleet.json");
-    std::fs::write(&join, coordinator.token()?)?;
+    std::fs::write(&join, coordinator.cli(&["token"])?)?;
     let start = Instant::now();
-    let mut child = Command::new(bin)
-        .args(["--head-less", "--join-file"])
-        .arg(&join)
-        .arg("--state")
-        .arg(dir.join("state"))
-        .arg("--cloud-root")
-        .arg(dir.join("cloud"))
-        .arg("--run-store")
-        .arg(dir.join("runs"))
-        .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
+    let mut child = fleet::agent(bin, &join, dir)
+        .arg("--head-less")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot start the agent")?;
     let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-    let joined = loop {
-        match lines.next() {
-            Some(Ok(line)) if line.contains("Joined") => break start.elapsed(),
-            Some(Ok(_)) => continue,
-            _ => {
-                let _ = child.kill();
-                bail!("the agent exited before it joined");
-            }
-        }
-    };
+    if let Err(e) = wait_for_line(&mut lines, "Joined") {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    let joined = start.elapsed();
     // Keep draining its log so it never blocks on a full pipe while idling.
     let drain = std::thread::spawn(move || lines.for_each(drop));
     std::thread::sleep(IDLE);
@@ -187,48 +121,23 @@ fn vm_rss_kib(pid: u32) -> Result<u64> {
 
 /// Seconds to run DISPATCH_RUNS `exit 0` programs through the coordinator and one fresh agent
 /// until every row is final, and the same count through the supervisor directly.
-fn dispatch(bin: &Path, coordinator: &Serving, work: &Path) -> Result<(f64, f64)> {
+fn dispatch(bin: &Path, coordinator: &Coordinator, work: &Path) -> Result<(f64, f64)> {
     let dir = work.join("dispatch");
     std::fs::create_dir_all(&dir)?;
     let program = dir.join("true.sh");
     std::fs::write(&program, "#!/bin/sh\nexit 0\n")?;
     let join = dir.join("fleet.json");
-    std::fs::write(&join, coordinator.token()?)?;
-    let mut agent = Command::new(bin)
-        .args(["--head-less", "--join-file"])
-        .arg(&join)
-        .arg("--state")
-        .arg(dir.join("state"))
-        .arg("--cloud-root")
-        .arg(dir.join("cloud"))
-        .arg("--run-store")
-        .arg(dir.join("runs"))
-        .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot start the agent")?;
-    let mut lines = BufReader::new(agent.stderr.take().expect("piped")).lines();
-    while let Some(Ok(line)) = lines.next() {
-        if line.contains("session open") {
-            break;
-        }
-    }
+    std::fs::write(&join, coordinator.cli(&["token"])?)?;
+    let mut agent = fleet::Proc::spawn(
+        fleet::agent(bin, &join, &dir)
+            .arg("--head-less")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )?;
+    let mut lines = BufReader::new(agent.0.stderr.take().expect("piped")).lines();
+    wait_for_line(&mut lines, "session open")?;
     let drain = std::thread::spawn(move || lines.for_each(drop));
-    let coord = |args: &[&str]| -> Result<String> {
-        let out = Command::new(bin)
-            .args(["coordinator", "--data"])
-            .arg(&coordinator.data)
-            .args(args)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "coordinator {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let coord = |args: &[&str]| coordinator.cli(args);
     // The node id, so only this agent gets the runs.
     let nodes: serde_json::Value = serde_json::from_str(&coord(&["nodes", "--json"])?)?;
     let node = nodes
@@ -260,8 +169,7 @@ fn dispatch(bin: &Path, coordinator: &Serving, work: &Path) -> Result<(f64, f64)
     let finished = rows
         .as_array()
         .map_or(0, |r| r.iter().filter(|r| r["state"] == "finished").count());
-    let _ = agent.kill();
-    let _ = agent.wait();
+    agent.stop();
     let _ = drain.join();
     if finished != DISPATCH_RUNS {
         bail!("only {finished} of {DISPATCH_RUNS} runs finished");

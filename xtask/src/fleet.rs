@@ -1,0 +1,173 @@
+//! The fleet's real processes for the demo, the soak and the agent benchmark: a coordinator serving
+//! on loopback, agents started against a machine folder, coordinator CLI calls, and waiting for
+//! the log lines that say a process got somewhere.
+use crate::{cross, util};
+use anyhow::{Context, Result, bail};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Builds the debug agent and supervisor; returns the agent's path (the supervisor sits beside it).
+pub fn build_debug() -> Result<PathBuf> {
+    util::run(Command::new("cargo").args([
+        "build",
+        "--quiet",
+        "-p",
+        "fleet-agent",
+        "-p",
+        "fleet-run-supervisor",
+    ]))?;
+    Ok(cross::target_dir().join("debug/fleet-agent"))
+}
+
+/// A fresh, empty `target/<name>` folder for one task's files.
+pub fn fresh_dir(name: &str) -> Result<PathBuf> {
+    let dir = cross::target_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// A child process SIGKILLed when dropped, however the task ends.
+pub struct Proc(pub Child);
+
+impl Proc {
+    pub fn spawn(cmd: &mut Command) -> Result<Proc> {
+        Ok(Proc(cmd.spawn().with_context(|| {
+            format!("cannot start {:?}", cmd.get_program())
+        })?))
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `fleet-agent coordinator serve` on a free loopback port, killed when dropped.
+pub struct Coordinator {
+    pub bin: PathBuf,
+    pub data: PathBuf,
+    pub addr: String,
+    proc: Proc,
+}
+
+impl Coordinator {
+    /// Starts serving `data` with the `serve` flags given, its log going to `stderr`, and waits
+    /// for the address it prints.
+    pub fn serve(bin: &Path, data: &Path, flags: &[&str], stderr: Stdio) -> Result<Coordinator> {
+        let mut proc = Proc::spawn(
+            Command::new(bin)
+                .args(["coordinator", "--data"])
+                .arg(data)
+                .args(["serve", "--listen", "127.0.0.1:0"])
+                .args(flags)
+                .stdout(Stdio::piped())
+                .stderr(stderr),
+        )?;
+        let mut line = String::new();
+        BufReader::new(proc.0.stdout.take().expect("piped")).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            bail!("the coordinator printed {line:?} instead of its address");
+        };
+        Ok(Coordinator {
+            bin: bin.to_path_buf(),
+            data: data.to_path_buf(),
+            addr: addr.to_string(),
+            proc,
+        })
+    }
+
+    /// Runs `fleet-agent coordinator --data DATA ARGS` (answered through the serving process's
+    /// socket) and returns its stdout.
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(&self.bin)
+            .args(["coordinator", "--data"])
+            .arg(&self.data)
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "coordinator {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `run --all --program PROGRAM REST...`; returns the set id.
+    pub fn run_set(&self, program: &Path, rest: &[&str]) -> Result<String> {
+        let program = program.to_string_lossy();
+        let mut args = vec!["run", "--all", "--program", &program];
+        args.extend_from_slice(rest);
+        Ok(self.cli(&args)?.trim().to_string())
+    }
+
+    pub fn stop(&mut self) {
+        self.proc.stop();
+    }
+}
+
+/// An agent joining with `join`, keeping its state, run store and cloud-init folder under
+/// `machine`, with no accelerator tool; callers add their own flags and where its output goes.
+pub fn agent(bin: &Path, join: &Path, machine: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--join-file")
+        .arg(join)
+        .arg("--state")
+        .arg(machine.join("state"))
+        .arg("--run-store")
+        .arg(machine.join("runs"))
+        .arg("--cloud-root")
+        .arg(machine.join("cloud"))
+        .args(["--accelerator-tool", "/nonexistent/nvidia-smi"]);
+    cmd
+}
+
+/// Writes an executable `#!/bin/sh` program.
+pub fn script(path: &Path, body: &str) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(path.to_path_buf())
+}
+
+/// Waits until the log file contains `needle`.
+pub fn wait_for_log(log: &Path, needle: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains(needle)
+        {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!(
+        "no `{needle}` in {} after {} s",
+        log.display(),
+        timeout.as_secs()
+    )
+}
+
+/// Reads a piped log until a line contains `needle`; fails when the log ends first.
+pub fn wait_for_line(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    needle: &str,
+) -> Result<()> {
+    for line in lines {
+        if line?.contains(needle) {
+            return Ok(());
+        }
+    }
+    bail!("the agent exited before its log said `{needle}`")
+}
