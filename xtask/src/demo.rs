@@ -1,9 +1,11 @@
 //! `cargo xtask demo`: the main job end to end on the embedded default, on loopback: a
 //! coordinator, a join file, an agent that joins by itself, two runs (one timing out), their
-//! status rows, a collected file with its digest, and where everything lives.
+//! status rows, a collected file with its digest, a reproducible image of a sample folder, and
+//! where everything lives.
 use crate::fleet::{self, Coordinator, Proc, script};
-use anyhow::Result;
-use std::process::Stdio;
+use crate::util;
+use anyhow::{Result, bail};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn run() -> Result<()> {
@@ -90,6 +92,37 @@ pub fn run() -> Result<()> {
     println!("   {} {}", digest.trim(), out.display());
     print!("   {}", std::fs::read_to_string(&out)?);
 
+    step("9. build the sample folder into an OCI image (same files, same digest) and inspect it");
+    let layout = work.join("image");
+    let oci = bin.with_file_name("oci");
+    let build = |reference: &str| -> Result<String> {
+        let out = Command::new(&oci)
+            .arg("build")
+            .arg("--layout")
+            .arg(&layout)
+            .args(["--ref", reference, "--root"])
+            .arg(util::root().join("examples/sample-app"))
+            .args(["--entrypoint", "/bin/hello"])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "oci build failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let (first, second) = (build("sample")?, build("sample-again")?);
+    println!(
+        "   built twice: {first} and {second} (equal: {})",
+        first == second
+    );
+    let inspected = Command::new(&oci)
+        .arg("inspect")
+        .arg(format!("oci:{}:sample", layout.display()))
+        .output()?;
+    print!("{}", String::from_utf8_lossy(&inspected.stdout));
+
     step("where everything lives");
     for (what, path) in [
         (
@@ -102,6 +135,7 @@ pub fn run() -> Result<()> {
             machine.join("state"),
         ),
         ("agent log", agent_log),
+        ("the sample image (OCI layout)", layout.clone()),
         (
             "run store (programs by digest, one folder per run)",
             machine.join("runs"),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Builds the debug agent and supervisor; returns the agent's path (the supervisor sits beside it).
+/// Builds the debug agent, supervisor and oci; returns the agent's path (the others sit beside it).
 pub fn build_debug() -> Result<PathBuf> {
     util::run(Command::new("cargo").args([
         "build",
@@ -17,6 +17,8 @@ pub fn build_debug() -> Result<PathBuf> {
         "fleet-agent",
         "-p",
         "fleet-run-supervisor",
+        "-p",
+        "oci",
     ]))?;
     Ok(cross::target_dir().join("debug/fleet-agent"))
 }
