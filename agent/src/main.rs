@@ -21,13 +21,17 @@ use std::sync::Arc;
 
 fn main() {
     let cli = Cli::parse();
-    logging::init(cli.log_format);
+    let log_format = cli.log_format;
+    logging::init(log_format);
     let result = match cli.command {
         None => run_agent(cli.agent),
         Some(Command::Coordinator(args)) => run_coordinator(args),
     };
     if let Err(err) = result {
-        tracing::error!("{err:#}");
+        // A JSON log carries the fatal line too, for collectors; a human reads it once on stderr.
+        if matches!(log_format, logging::LogFormat::Json) {
+            tracing::error!("{err:#}");
+        }
         eprintln!("fleet-agent: {err:#}");
         std::process::exit(1);
     }

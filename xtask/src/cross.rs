@@ -48,7 +48,7 @@ pub fn build_static(target: &str, packages: &[&str]) -> Result<()> {
 }
 
 /// The binaries a machine runs, packed into each bundle.
-const BUNDLE_BINARIES: &[&str] = &["fleet-agent", "fleet-run-supervisor"];
+pub const BUNDLE_BINARIES: &[&str] = &["fleet-agent", "fleet-run-supervisor"];
 
 /// `cargo xtask dist`: static binaries for each architecture, packed as reproducible
 /// `dist/hub-linux-<arch>.tar.gz` bundles with a `SHA256SUMS` beside them.

@@ -4,6 +4,7 @@ mod ci;
 mod cross;
 mod demo;
 mod fleet;
+mod image;
 mod soak;
 mod util;
 
@@ -28,6 +29,8 @@ enum Task {
         #[arg(long)]
         arch: Option<String>,
     },
+    /// Build the agent's own multi-arch OCI image (linux/amd64, linux/arm64) into dist/image
+    Image,
     /// Run a benchmark side by side with its peer and record it in BENCHMARKS.md
     Bench {
         #[command(subcommand)]
@@ -47,6 +50,7 @@ fn main() {
         Task::Ci => ci::run(),
         Task::Demo => demo::run(),
         Task::Dist { arch } => cross::dist(arch.as_deref()),
+        Task::Image => image::run(),
         Task::Bench { which } => bench::run(which),
         Task::Soak { kills } => soak::run(kills),
     };
