@@ -115,6 +115,9 @@ pub struct RunArgs {
     /// Runs per node in this set
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// For protocol-skew testing: sends this command object (JSON) as-is in place of the start
+    #[arg(long, hide = true, value_parser = parse_json_object)]
+    pub raw_command: Option<serde_json::Value>,
     /// The program's arguments
     #[arg(last = true)]
     pub args: Vec<String>,
@@ -213,6 +216,16 @@ pub struct NodesArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_json_object(text: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str(text) {
+        Ok(value @ serde_json::Value::Object(_)) => Ok(value),
+        Ok(_) => Err("not a JSON object: pass the command as {\"kind\": ...}".into()),
+        Err(e) => Err(format!(
+            "not JSON ({e}): pass the command as {{\"kind\": ...}}"
+        )),
+    }
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {

@@ -150,6 +150,7 @@ fn run_request(r: &RunArgs) -> Result<RunRequest> {
             inputs,
         },
         repeat: r.repeat,
+        raw_command: r.raw_command.clone(),
     })
 }
 

@@ -673,3 +673,60 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+#[test]
+fn a_malformed_command_fails_its_row_and_the_agent_goes_on() {
+    let fleet = Fleet::new();
+    let effects = fleet.path("effects");
+    let program = script(
+        &fleet.path("mark.sh"),
+        &format!("echo ran >> {}", effects.display()),
+    );
+    let sum = testkit::ok(std::process::Command::new("sha256sum").arg(&program));
+    let digest = format!("sha256:{}", sum.split_whitespace().next().unwrap());
+    // What a coordinator of a newer protocol version could send: a kind this agent does not know,
+    // a start whose timeout has another type (serde names the value and the type it expected),
+    // and a start whose program field was renamed.
+    let unknown = json!({ "kind": "launch_missiles", "target": "moon" });
+    let skewed =
+        json!({ "kind": "start", "run_id": "r-skewed", "program": digest, "timeout_ms": "20s" });
+    let renamed = json!({ "kind": "start", "run_id": "r-renamed", "image": digest });
+    let cases = [
+        (
+            unknown,
+            "a malformed command: unknown variant `launch_missiles`, expected one of `stage`, `start`, `stop`, `status`, `collect`, `facts`",
+        ),
+        (
+            skewed,
+            "a malformed command: invalid type: string \"20s\", expected u64",
+        ),
+        (renamed, "a malformed command: missing field `program`"),
+    ];
+    for (command, error) in cases {
+        let set = fleet.run(&program, &["--raw-command", &command.to_string()], &[]);
+        let row = fleet.wait_row(&set, is_final);
+        assert_eq!(row["state"], "failed", "{row:#}");
+        assert_eq!(row["error"], error, "{row:#}");
+        // Nothing ran for it: no event, no run folder on the node.
+        assert_eq!(row["events"], json!([]), "{row:#}");
+        let run = row["run_id"].as_str().unwrap();
+        assert!(!fleet.path("runs").join("runs").join(run).exists());
+    }
+    for run in ["r-skewed", "r-renamed"] {
+        assert!(!fleet.path("runs").join("runs").join(run).exists());
+    }
+    assert!(!effects.exists(), "a malformed command ran the program");
+    // The same agent, in the same session, serves the next run.
+    let next = fleet.run(&program, &[], &[]);
+    let next = fleet.wait_row(&next, is_final);
+    assert_eq!(next["state"], "finished", "{next:#}");
+    assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
+    let agent = fleet.agent.as_ref().unwrap();
+    assert_eq!(
+        agent.count("a malformed command"),
+        3,
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(agent.count("session open"), 1, "{}", agent.log_text());
+}

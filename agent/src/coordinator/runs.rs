@@ -27,6 +27,10 @@ pub struct RunRequest {
     /// Runs per selected node (default 1).
     #[serde(default = "one")]
     pub repeat: u32,
+    /// For protocol-skew testing: each row's node gets this command object as-is, in place of
+    /// the start (under the start's op id, so the node's answer settles the row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_command: Option<serde_json::Value>,
 }
 
 fn one() -> u32 {
@@ -165,6 +169,7 @@ impl Coordinator {
                 result: None,
                 error: None,
                 events: Vec::new(),
+                raw_command: request.raw_command.clone(),
             })
             .collect();
         self.store.create_set(&set_id, &runs)?;

@@ -381,6 +381,11 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     run_id: run.id.clone(),
                 },
             );
+            if let Some(raw) = run.raw_command {
+                tracing::info!(node_id = %self.node_id, run_id = %run.id, "sending a raw command in place of the start");
+                self.send_raw(op, raw).await?;
+                continue;
+            }
             let start = Command::Start(StartRun {
                 run_id: run.id,
                 program: run.program,
@@ -389,6 +394,22 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             self.send(op, start).await?;
         }
         Ok(())
+    }
+
+    /// Sends `raw` as the command object of a command message, unchecked: what a coordinator of
+    /// another protocol version could send (for protocol-skew testing).
+    async fn send_raw(&mut self, op: String, raw: serde_json::Value) -> Result<(), String> {
+        // The envelope comes from the protocol's own type; only its command object is replaced.
+        let envelope = Down::Command {
+            op,
+            generation: self.generation,
+            command: Command::Facts,
+        };
+        let mut msg = serde_json::to_value(envelope).expect("protocol messages serialize");
+        msg["command"] = raw;
+        protocol::write_msg(&mut self.writer, &msg)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     async fn handle(&mut self, batch: Vec<Up>) -> Result<(), String> {

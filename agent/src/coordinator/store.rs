@@ -75,6 +75,9 @@ pub struct RunRow {
     pub error: Option<String>,
     /// Each event stored once, by id.
     pub events: Vec<EventRecord>,
+    /// Sent as-is in place of the start (see [`super::runs::RunRequest::raw_command`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_command: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
