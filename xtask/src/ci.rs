@@ -14,8 +14,12 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "hyperfine",
 ];
 
+/// PyPI packages the tests use, as (import name, package name).
+const PYTHON_PACKAGES: &[(&str, &str)] = &[("yaml", "PyYAML")];
+
 pub fn run() -> Result<()> {
     install_debian_packages()?;
+    install_python_packages()?;
     cross::install_toolchain()?;
     util::run(Command::new("cargo").args(["fmt", "--all", "--check"]))?;
     util::run(Command::new("cargo").args([
@@ -49,6 +53,15 @@ fn install_debian_packages() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+fn install_python_packages() -> Result<()> {
+    for (module, package) in PYTHON_PACKAGES {
+        if !util::python_imports(module) {
+            util::run(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
+        }
+    }
+    Ok(())
 }
 
 fn dpkg_installed(package: &str) -> bool {

@@ -20,21 +20,13 @@ pub fn install_toolchain() -> Result<()> {
             util::run(Command::new("rustup").args(["target", "add", target]))?;
         }
     }
-    if !zig_importable() {
+    if !util::python_imports("ziglang") {
         util::run(Command::new("python3").args(["-m", "pip", "install", "--quiet", "ziglang"]))?;
     }
     if !util::have("cargo-zigbuild") {
         util::run(Command::new("cargo").args(["install", "--locked", "cargo-zigbuild"]))?;
     }
     Ok(())
-}
-
-fn zig_importable() -> bool {
-    Command::new("python3")
-        .args(["-c", "import ziglang"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
 }
 
 /// Builds the named packages' binaries, release and static, for one musl target.

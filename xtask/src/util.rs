@@ -37,6 +37,15 @@ pub fn have(program: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether python3 can import a module (a PyPI package the project uses).
+pub fn python_imports(module: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
 fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for arg in cmd.get_args() {
