@@ -302,6 +302,7 @@ impl Layout {
         let dir = self.dir.join("blobs/sha256");
         let tmp = tempfile::Builder::new()
             .prefix(".tmp-")
+            .permissions(readable_by_all())
             .tempfile_in(&dir)
             .map_err(io_err("create a temporary file in", &dir))?;
         Ok(BlobWriter {
@@ -602,6 +603,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
+        .permissions(readable_by_all())
         .tempfile_in(dir)
         .map_err(io_err("create a temporary file in", dir))?;
     tmp.write_all(bytes).map_err(io_err("write", tmp.path()))?;
@@ -611,6 +613,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp.persist(path)
         .map_err(|e| io_err("replace", path)(e.error))?;
     sync_dir(dir)
+}
+
+/// Layout files are 0644 less the umask, as other tools write them, so a registry or web server
+/// running as another user can serve the layout (temporary files default to 0600).
+fn readable_by_all() -> std::fs::Permissions {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::Permissions::from_mode(0o644)
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {

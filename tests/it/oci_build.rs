@@ -800,3 +800,88 @@ fn no_temporary_files_are_left_in_the_layout() {
         r#"{"imageLayoutVersion":"1.0.0"}"#
     );
 }
+
+#[test]
+fn layout_files_are_readable_by_other_users_not_0600() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("f"), "x").unwrap();
+    let layout = tmp.path().join("layout");
+    // Under umask 022 every file a layout holds is 0644, as umoci and skopeo write them.
+    ok(Command::new("sh")
+        .arg("-c")
+        .arg("umask 022 && exec \"$0\" \"$@\"")
+        .arg(testkit::bin("oci"))
+        .arg("build")
+        .arg("--layout")
+        .arg(&layout)
+        .args(["--ref", "app", "--root"])
+        .arg(&root));
+    let modes: Vec<(PathBuf, u32)> = snapshot(&layout)
+        .keys()
+        .map(|rel| layout.join(rel))
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o7777;
+            (p, mode)
+        })
+        .collect();
+    assert!(modes.len() >= 5, "{modes:?}");
+    for (path, mode) in modes {
+        assert_eq!(mode, 0o644, "{}", path.display());
+    }
+}
+
+#[test]
+fn a_file_over_8_gib_comes_back_whole_through_gnu_tar() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(&root).unwrap();
+    // Sparse, so it takes no disk, yet every one of its bytes streams through the build.
+    let size: u64 = 8600 * 1024 * 1024;
+    fs::File::create(root.join("huge"))
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    fs::write(root.join("tail.txt"), "after the big one\n").unwrap();
+    let layout = tmp.path().join("layout");
+    let manifest = build(&layout, "big", &root, &["--compression", "gzip"]);
+    let blob = |digest: &str| layout.join("blobs/sha256").join(&digest["sha256:".len()..]);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(blob(&manifest)).unwrap()).unwrap();
+    let config: serde_json::Value = serde_json::from_slice(
+        &fs::read(blob(manifest["config"]["digest"].as_str().unwrap())).unwrap(),
+    )
+    .unwrap();
+    let layer = blob(manifest["layers"][0]["digest"].as_str().unwrap());
+    // One pass: gzip and sha256sum recompute the diff id, GNU tar lists the entries after the big one.
+    let sum = tmp.path().join("diff-id");
+    let listing = ok(Command::new("bash")
+        .arg("-c")
+        .arg("set -o pipefail; gzip -dc \"$0\" | tee >(sha256sum > \"$1\") | tar -tvf -")
+        .arg(&layer)
+        .arg(&sum));
+    let huge = listing
+        .lines()
+        .find(|l| l.ends_with(" huge"))
+        .unwrap_or_else(|| panic!("no huge in {listing}"));
+    assert!(huge.contains(&format!(" {size} ")), "{huge}");
+    assert!(
+        listing.lines().any(|l| l.ends_with(" tail.txt")),
+        "{listing}"
+    );
+    // tee's sha256sum may finish just after tar; wait for its line.
+    let mut diff_id = String::new();
+    for _ in 0..100 {
+        diff_id = fs::read_to_string(&sum).unwrap_or_default();
+        if diff_id.len() >= 64 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(
+        format!("sha256:{}", &diff_id[..64]),
+        config["rootfs"]["diff_ids"][0].as_str().unwrap()
+    );
+}
