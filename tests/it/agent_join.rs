@@ -35,6 +35,10 @@ impl Machine {
     }
     /// `fleet-agent --head-less --join-file ... --state ...` with the test's folders, plus `extra`.
     fn start(&self, extra: &[&str]) -> Agent {
+        Agent::start(&self.log(), self.args(extra))
+    }
+    /// The agent's arguments with the test's folders, plus `extra`.
+    fn args(&self, extra: &[&str]) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "--head-less".into(),
             "--join-file".into(),
@@ -55,7 +59,7 @@ impl Machine {
             ]);
         }
         args.extend(extra.iter().map(OsString::from));
-        Agent::start(&self.log(), &args)
+        args
     }
     /// Runs the agent to its exit and returns its last stderr line.
     fn fails_with(&self, extra: &[&str]) -> String {
@@ -726,4 +730,47 @@ fn unreachable_coordinator_is_retried_with_growing_logged_backoff() {
             "attempt {n} waited {d} ms: {delays:?}"
         );
     }
+}
+
+/// A hub on x86_64 serves machines of either architecture: the static aarch64 musl agent, run
+/// under qemu-aarch64-static (user-mode emulation, so it reports the emulated machine), joins a
+/// native x86_64 coordinator and reports itself as aarch64.
+#[test]
+fn an_arm64_agent_under_qemu_joins_an_x86_64_coordinator() {
+    let binary = testkit::target_dir().join("aarch64-unknown-linux-musl/release/fleet-agent");
+    assert!(
+        binary.exists(),
+        "{} is missing: run `cargo xtask ci`, or `cargo zigbuild --release --target aarch64-unknown-linux-musl -p fleet-agent`",
+        binary.display()
+    );
+    let dir = testkit::tempdir();
+    let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+    let m = Machine::new(dir.path(), "arm");
+    std::fs::write(m.join_file(), coord.token(&["--name", "arm-box"])).unwrap();
+    let mut qemu = std::process::Command::new("qemu-aarch64-static");
+    qemu.arg(&binary).args(m.args(&[]));
+    let agent = Agent::spawn(&m.log(), qemu);
+    assert!(
+        wait_until(WAIT, || coord
+            .nodes()
+            .first()
+            .is_some_and(|n| n["state"] == "Joined" && n["facts"].is_object())),
+        "log: {}",
+        agent.log_text()
+    );
+    let nodes = coord.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0]["name"], "arm-box");
+    assert_eq!(nodes[0]["facts"]["arch"], "aarch64");
+    assert!(
+        nodes[0]["facts"]["accelerators"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        wait_until(WAIT, || !m.join_file().exists()),
+        "the join file is removed after joining; log: {}",
+        agent.log_text()
+    );
 }

@@ -148,13 +148,19 @@ impl Agent {
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
+        let mut cmd = crate::cmd("fleet-agent");
+        cmd.args(args);
+        Agent::spawn(log, cmd)
+    }
+
+    /// Starts `cmd` as the agent (another build, or one run under an emulator), logging to `log`.
+    pub fn spawn(log: &Path, mut cmd: Command) -> Agent {
         let file = std::fs::File::create(log).expect("can create the agent log");
-        let child = crate::cmd("fleet-agent")
-            .args(args)
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
-            .expect("can start the agent");
+            .unwrap_or_else(|e| panic!("cannot start the agent {:?}: {e}", cmd.get_program()));
         Agent {
             log: log.to_path_buf(),
             child,

@@ -31,8 +31,11 @@ pub fn run() -> Result<()> {
         "warnings",
     ]))?;
     util::run(Command::new("cargo").args(["build", "--workspace", "--bins"]))?;
-    // The aarch64 supervisor runs under qemu-aarch64-static in the suite.
-    cross::build_static("aarch64-unknown-linux-musl", &["fleet-run-supervisor"])?;
+    // The aarch64 supervisor and agent run under qemu-aarch64-static in the suite.
+    cross::build_static(
+        "aarch64-unknown-linux-musl",
+        &["fleet-agent", "fleet-run-supervisor"],
+    )?;
     util::run(Command::new("cargo").args(["test", "--workspace", "--", "--test-threads=4"]))?;
     Ok(())
 }
