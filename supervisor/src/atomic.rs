@@ -1,6 +1,6 @@
 //! Writing a file so that a reader sees either nothing or all of it: temp file, fsync, rename,
 //! fsync the folder.
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
@@ -19,7 +19,7 @@ pub fn write_with<T>(
 ) -> io::Result<T> {
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
-        let mut file = File::create(&tmp)?;
+        let mut file = create_new(&tmp)?;
         let value = fill(&mut file)?;
         if durable {
             file.sync_all()?;
@@ -39,4 +39,17 @@ pub fn write_with<T>(
 /// Makes a folder's entries (a rename into it) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Creates `path` afresh, never through whatever already has its name (a stale temporary file
+/// or a symlink a program left in its folder): that name is removed first.
+fn create_new(path: &Path) -> io::Result<File> {
+    let open = || OpenOptions::new().write(true).create_new(true).open(path);
+    match open() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            fs::remove_file(path)?;
+            open()
+        }
+        other => other,
+    }
 }

@@ -1,4 +1,5 @@
-//! Where things live under the store root: `store/sha256/<hex>`, `runs/<run>/` and `tmp/`.
+//! Where things live under the store root: `store/sha256/<hex>`, `runs/<run>/`, `finished/`
+//! and `tmp/`.
 use crate::{Digest, RunId};
 use std::path::{Path, PathBuf};
 
@@ -43,6 +44,12 @@ impl Store {
 
     pub fn run_dir(&self, id: &RunId) -> PathBuf {
         self.runs_dir().join(id.as_str())
+    }
+
+    /// One empty marker per finished run, named so that sorting the names orders the runs by
+    /// when they finished; retention reads this listing instead of every run's record.
+    pub fn finished_dir(&self) -> PathBuf {
+        self.root.join("finished")
     }
 
     /// Scratch space on the same filesystem, so a run appears and disappears by one rename.

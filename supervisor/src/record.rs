@@ -124,8 +124,9 @@ pub enum Step {
     Exec,
 }
 
-/// Who supervises a run now, as `runs/<run>/supervisor.json`. Replaced (not durably: a missing
-/// or stale owner without a result reads as `lost`, which is the truth after a crash).
+/// The detached supervisor of a running run, as `runs/<run>/supervisor.json`, written once,
+/// just after the program was exec'd (not durably: liveness comes from the run's lock, see
+/// [`crate::lock`]; this says whom `stop` signals and which pid the program has).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Owner {
     pub schema: u32,
@@ -134,8 +135,7 @@ pub struct Owner {
     pub start_time: u64,
     /// `/proc/sys/kernel/random/boot_id`: tells a reboot apart.
     pub boot_id: String,
-    pub phase: Phase,
-    pub program_pid: Option<u32>,
+    pub program_pid: u32,
 }
 
 impl Step {
@@ -147,15 +147,6 @@ impl Step {
             Step::Exec => "exec",
         }
     }
-}
-
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    /// `start` is claiming the run, verifying the program and copying inputs.
-    Starting,
-    /// The program was exec'd and the detached supervisor watches it.
-    Running,
 }
 
 #[cfg(test)]

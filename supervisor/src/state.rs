@@ -1,10 +1,11 @@
 //! A run's state as any reader computes it: final from `result.json`, else `starting`/`running`
-//! while its owner (pid, start time, boot) is alive, else `lost`. So no run is left hanging.
+//! while someone holds the run's lock (`running` once the supervisor wrote `supervisor.json`),
+//! else `lost`. So no run is left hanging.
 use crate::layout::{OWNER_FILE, RESULT_FILE};
-use crate::record::{FinalState, Owner, Phase, RunResult, SCHEMA};
-use crate::{Error, RunId, Store, describe_io};
+use crate::record::{FinalState, Owner, RunResult, SCHEMA};
+use crate::{Error, RunId, Store, describe_io, lock};
 use std::fmt;
-use std::fs;
+use std::fs::{self, File};
 use std::io;
 use std::path::Path;
 
@@ -53,10 +54,14 @@ impl Store {
     /// The state of one run.
     pub fn status(&self, id: &RunId) -> Result<RunStatus, Error> {
         let dir = self.run_dir(id);
-        match fs::metadata(&dir) {
+        let folder = match File::open(&dir) {
+            Ok(folder) => folder,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown(self, id)),
+            Err(e) => return Err(read_error(&dir, &e)),
+        };
+        match folder.metadata() {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(unknown(self, id)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown(self, id)),
             Err(e) => return Err(read_error(&dir, &e)),
         }
         let status = |state, owner, result| RunStatus {
@@ -65,29 +70,25 @@ impl Store {
             owner,
             result,
         };
-        // The owner changes hands once (start -> detached supervisor) and writes the result
-        // before it exits, so a dead owner is only believed after reading both files again.
-        let mut owner = read_owner(&dir)?;
-        loop {
-            if let Some(result) = read_result(&dir, id)? {
-                return Ok(final_status(status, result));
-            }
-            if let Some(o) = owner.as_ref().filter(|o| o.is_alive()) {
-                let state = match o.phase {
-                    Phase::Starting => State::Starting,
-                    Phase::Running => State::Running,
-                };
-                return Ok(status(state, owner.clone(), None));
-            }
-            let again = read_owner(&dir)?;
-            if again == owner {
-                if let Some(result) = read_result(&dir, id)? {
-                    return Ok(final_status(status, result));
-                }
-                return Ok(status(State::Lost, owner, None));
-            }
-            owner = again;
+        if let Some(result) = read_result(&dir, id)? {
+            return Ok(final_status(status, result));
         }
+        let held = lock::is_held(&folder).map_err(|e| read_error(&dir, &e))?;
+        let (exists, owner) = read_owner(&dir)?;
+        // The owner file appears once the program was exec'd and becomes result.json at the
+        // end (it may not parse while the record is written over it); the result comes before
+        // the lock is let go. Either may have happened since the first look.
+        if !(held && exists)
+            && let Some(result) = read_result(&dir, id)?
+        {
+            return Ok(final_status(status, result));
+        }
+        let state = match (held, exists) {
+            (true, true) => State::Running,
+            (true, false) => State::Starting,
+            (false, _) => State::Lost,
+        };
+        Ok(status(state, owner, None))
     }
 
     /// Every run in the store, sorted by id.
@@ -169,19 +170,21 @@ pub fn read_result(dir: &Path, id: &RunId) -> Result<Option<RunResult>, Error> {
     Ok(Some(result))
 }
 
-/// The run's owner; an unreadable one (never made durable before a crash) counts as none.
-fn read_owner(dir: &Path) -> Result<Option<Owner>, Error> {
+/// Whether the run's owner file exists, and the owner it names if it parses (it may not: being
+/// written over by the record, or never made durable before a crash).
+fn read_owner(dir: &Path) -> Result<(bool, Option<Owner>), Error> {
     let Some(bytes) = read_optional(&dir.join(OWNER_FILE))? else {
-        return Ok(None);
+        return Ok((false, None));
     };
-    Ok(serde_json::from_slice::<Owner>(&bytes)
+    let owner = serde_json::from_slice::<Owner>(&bytes)
         .ok()
-        .filter(|o| o.schema == SCHEMA))
+        .filter(|o| o.schema == SCHEMA);
+    Ok((true, owner))
 }
 
 impl Owner {
-    /// This process as a run's owner.
-    pub fn for_self(phase: Phase, program_pid: Option<u32>) -> io::Result<Owner> {
+    /// This process as the owner of a run whose program has `program_pid`.
+    pub fn for_self(program_pid: u32) -> io::Result<Owner> {
         let pid = std::process::id();
         // Through task/<tid>/: qemu-user fakes /proc/<own pid>/stat but passes this through.
         let start_time = stat_start_time(&format!("/proc/{pid}/task/{pid}/stat"))
@@ -191,7 +194,6 @@ impl Owner {
             pid,
             start_time,
             boot_id: boot_id()?,
-            phase,
             program_pid,
         })
     }

@@ -50,8 +50,9 @@ pub fn set_child_subreaper() -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
 }
 
-/// Points fds 0, 1 and 2 at /dev/null and closes every other fd but `keep`.
-pub fn detach_fds(keep: RawFd) -> io::Result<()> {
+/// Points fds 0, 1 and 2 at /dev/null and closes every other fd but those in `keep`
+/// (negative entries are ignored).
+pub fn detach_fds(keep: &[RawFd]) -> io::Result<()> {
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -61,13 +62,22 @@ pub fn detach_fds(keep: RawFd) -> io::Result<()> {
         check(unsafe { libc::dup2(null.as_raw_fd(), fd) })?;
     }
     drop(null);
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter(|&&fd| fd > 2)
+        .map(|&fd| fd as u32)
+        .collect();
+    keep.sort_unstable();
     // Best effort: without close_range (old kernels, emulators) stray fds merely stay open.
-    // SAFETY: close_range takes plain integers; fds above 2 other than `keep` are not used by us.
-    unsafe {
-        if keep > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32);
+    let mut from = 3u32;
+    for fd in keep.into_iter().chain([u32::MAX]) {
+        if fd > from {
+            // SAFETY: close_range takes plain integers; the fds in the range are not ours to use.
+            unsafe {
+                libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32);
+            }
         }
-        libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32);
+        from = from.max(fd.saturating_add(1));
     }
     Ok(())
 }
@@ -98,12 +108,9 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
         )
     };
     if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EINVAL) | Some(libc::ENOSYS) => std::fs::rename(from, to),
-        _ => Err(e),
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -439,12 +446,13 @@ impl Exec {
     }
 }
 
-/// A pidfd for a process: readable once it exits. None where the kernel lacks pidfd_open.
-pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
-    // SAFETY: plain integers; the returned fd is fresh.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    // SAFETY: a non-negative return is a new fd we own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+/// Bytes an unprivileged writer may still use on the filesystem holding `file`.
+pub fn available_bytes(file: &std::fs::File) -> io::Result<u64> {
+    // SAFETY: statvfs is plain data, filled in by the kernel.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid fd and a pointer to a struct of the right type.
+    check(unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) })?;
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// A signal's name for people (`SIGTERM`), or its number.

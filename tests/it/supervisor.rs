@@ -418,12 +418,8 @@ fn a_sigkilled_supervisor_leaves_a_lost_run_and_no_program() {
     s.run("orphan", &p, &[]);
     let v = s.status("orphan");
     assert_eq!(v["state"], "running");
-    let supervisor = v["owner"]["pid"].as_u64().unwrap();
     let program = v["owner"]["program_pid"].as_u64().unwrap();
-    ok(Command::new("kill").args(["-KILL", &supervisor.to_string()]));
-    wait_until("the supervisor to die", Duration::from_secs(5), || {
-        !alive(supervisor)
-    });
+    kill_supervisor(&s, "orphan");
     let v = s.status("orphan");
     assert_eq!(v["state"], "lost");
     assert_eq!(v["result"], Value::Null);
@@ -435,6 +431,15 @@ fn a_sigkilled_supervisor_leaves_a_lost_run_and_no_program() {
     let mut c = s.cmd();
     c.args(["list"]);
     assert!(ok(&mut c).contains("orphan\tlost\t"));
+}
+
+/// SIGKILLs a running run's supervisor and waits until it is gone.
+fn kill_supervisor(s: &Store, run: &str) {
+    let supervisor = s.status(run)["owner"]["pid"].as_u64().unwrap();
+    ok(Command::new("kill").args(["-KILL", &supervisor.to_string()]));
+    wait_until("the supervisor to die", Duration::from_secs(5), || {
+        !alive(supervisor)
+    });
 }
 
 #[test]
@@ -500,7 +505,20 @@ fn one_id_started_at_once_by_many_starts_exactly_once() {
 fn retention_keeps_exactly_the_newest_n_finished_runs() {
     let s = Store::new();
     let p = s.script("true");
+    // A lost run and a running one are never removed, however old.
+    let sleeper = s.script("exec sleep 100");
+    s.run("lost", &sleeper, &[]);
+    kill_supervisor(&s, "lost");
+    s.run("running", &sleeper, &["--keep", "3"]);
     for i in 0..7 {
+        let run = format!("keep-{i}");
+        s.run(&run, &p, &["--keep", "3"]);
+        s.wait(&run);
+    }
+    // A finished run removed by hand leaves its marker, counted (so the store holds fewer,
+    // never more) until it is the oldest and dropped.
+    std::fs::remove_dir_all(s.run_dir("keep-6")).unwrap();
+    for i in 7..10 {
         let run = format!("keep-{i}");
         s.run(&run, &p, &["--keep", "3"]);
         s.wait(&run);
@@ -508,15 +526,78 @@ fn retention_keeps_exactly_the_newest_n_finished_runs() {
     let mut c = s.cmd();
     c.args(["list", "--json"]);
     let v: Value = serde_json::from_str(&ok(&mut c)).unwrap();
-    let ids: Vec<&str> = v
+    let ids: Vec<(&str, &str)> = v
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| r["run"].as_str().unwrap())
+        .map(|r| (r["run"].as_str().unwrap(), r["state"].as_str().unwrap()))
         .collect();
-    assert_eq!(ids, ["keep-4", "keep-5", "keep-6"]);
+    assert_eq!(
+        ids,
+        [
+            ("keep-7", "finished"),
+            ("keep-8", "finished"),
+            ("keep-9", "finished"),
+            ("lost", "lost"),
+            ("running", "running")
+        ]
+    );
     let left: Vec<_> = std::fs::read_dir(s.root.join("runs")).unwrap().collect();
-    assert_eq!(left.len(), 3);
+    assert_eq!(left.len(), 5);
+    // One marker per finished run kept, oldest first by name.
+    let mut markers: Vec<String> = std::fs::read_dir(s.root.join("finished"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    markers.sort();
+    let named: Vec<&str> = markers
+        .iter()
+        .map(|m| m.split_once('-').unwrap().1)
+        .collect();
+    assert_eq!(named, ["keep-7", "keep-8", "keep-9"]);
+    let mut c = s.cmd();
+    c.args(["stop", "--run", "running"]);
+    ok(&mut c);
+}
+
+#[test]
+fn a_program_that_plants_symlinks_for_the_record_cannot_make_it_write_elsewhere() {
+    let s = Store::new();
+    let tmp = tempdir();
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, "untouched\n").unwrap();
+    // The owner file the record is written over, and the temporary name a fallback would use.
+    // The supervisor is the program's parent; its owner file is in place once start returns.
+    let p = s.script(&format!(
+        "sleep 0.3; ln -sf {v} supervisor.json; ln -sf {v} .result.json.tmp-$PPID",
+        v = victim.display()
+    ));
+    s.run("planted", &p, &[]);
+    let v = s.wait("planted");
+    assert_eq!(v["result"]["exit_code"], 0);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched\n");
+    let record = s.run_dir("planted").join("result.json");
+    assert!(std::fs::symlink_metadata(&record).unwrap().is_file());
+}
+
+#[test]
+fn wait_wakes_when_the_supervisor_dies_and_reports_lost() {
+    let s = Store::new();
+    let p = s.script("exec sleep 100");
+    s.run("doomed", &p, &[]);
+    let mut waiter = s.cmd();
+    waiter
+        .args(["wait", "--run", "doomed", "--json"])
+        .stdout(std::process::Stdio::piped());
+    let waiter = waiter.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    kill_supervisor(&s, "doomed");
+    // The kernel lets go of the run's lock with the supervisor, which wakes the waiter.
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "lost");
+    assert_eq!(v["result"], Value::Null);
 }
 
 #[test]
@@ -769,8 +850,8 @@ fn an_input_too_large_for_the_disk_is_removed_and_its_run_reads_failed_not_lost(
 
 #[test]
 fn a_failure_record_that_does_not_fit_gives_the_claim_back_instead_of_reading_lost() {
-    // Out of inodes rather than bytes: the claim (its folder and supervisor.json) fits exactly,
-    // the input and then the failure record do not.
+    // Out of inodes rather than bytes: the claim (its folder) fits exactly, the input and
+    // then the failure record do not.
     let disk = Tmpfs::mount("size=1m,nr_inodes=64");
     let s = Store::at(&disk.dir);
     let p = s.script("cat data");
@@ -782,10 +863,8 @@ fn a_failure_record_that_does_not_fit_gives_the_claim_back_instead_of_reading_lo
     while std::fs::File::create(fillers.join(made.to_string())).is_ok() {
         made += 1;
     }
-    // Room for exactly the claim: its folder and supervisor.json.
-    for last in [made - 1, made - 2] {
-        std::fs::remove_file(fillers.join(last.to_string())).unwrap();
-    }
+    // Room for exactly the claim: its folder.
+    std::fs::remove_file(fillers.join((made - 1).to_string())).unwrap();
     let tmp = tempdir();
     let input = tmp.path().join("in");
     std::fs::write(&input, "tiny\n").unwrap();

@@ -4,16 +4,15 @@ use crate::sys;
 use anyhow::Result;
 use run_store::layout::{STDERR_FILE, STDOUT_FILE};
 use run_store::record::{Bytes, StreamRecord};
-use run_store::{RunId, RunStatus, State, Store};
+use run_store::{RunId, RunStatus, State, Store, lock};
 use serde_json::{Value, json};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
-/// How often `wait` re-reads a run while its owner lives.
-const RECHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long `wait` pauses before looking again when the run's lock could not be waited on.
+const RECHECK_AFTER_ERROR: Duration = Duration::from_millis(10);
 
 pub fn status(store: &Store, run: &str) -> Result<RunStatus> {
     Ok(store.status(&RunId::parse(run)?)?)
@@ -62,29 +61,18 @@ pub fn wait(store: &Store, run: &str, json: bool) -> Result<()> {
     print_status(store, run, json)
 }
 
-/// Blocks until the run is final: woken when its owner exits (a pidfd), and re-checking now
-/// and then anyway, so a dead or replaced owner is noticed even without pidfds.
+/// Blocks until the run is final: a run that is not holds its lock, so this sleeps on the lock
+/// until its supervisor lets go (its result is durable, or it died) and then looks again.
 pub fn wait_final(store: &Store, run: &str) -> Result<RunStatus> {
     let id = RunId::parse(run)?;
-    let mut pause = Duration::from_millis(1);
     loop {
         let s = store.status(&id)?;
         if s.state.is_final() {
             return Ok(s);
         }
-        let pidfd = s.owner.as_ref().and_then(|o| {
-            let fd = sys::pidfd_open(o.pid)?;
-            // Opened after the liveness check: make sure the pid was not reused meanwhile.
-            o.is_alive().then_some(fd)
-        });
-        match pidfd {
-            Some(fd) => {
-                let _ = sys::poll_readable(&[fd.as_raw_fd()], RECHECK_EVERY.as_millis() as i32);
-            }
-            None => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
+        if lock::wait_released(&store.run_dir(&id)).is_err() {
+            // Removed meanwhile, or unreadable: the next status says which.
+            std::thread::sleep(RECHECK_AFTER_ERROR);
         }
     }
 }
@@ -134,10 +122,7 @@ pub fn summary(s: &RunStatus) -> String {
             Some(f) => format!("failed at {}: {}", f.step.as_str(), f.reason),
             None => "failed".to_string(),
         },
-        (State::Running, _, Some(o)) => format!(
-            "running, pid {}",
-            o.program_pid.map_or("?".to_string(), |p| p.to_string())
-        ),
+        (State::Running, _, Some(o)) => format!("running, pid {}", o.program_pid),
         (State::Lost, _, _) => "lost: its supervisor is gone and it left no result".to_string(),
         (state, _, _) => state.to_string(),
     }

@@ -5,12 +5,14 @@ use crate::args::Start;
 use crate::supervise::{self, Plan, REPORT_OK};
 use crate::sys::{self, Forked};
 use anyhow::{Result, anyhow, bail};
-use run_store::layout::{OWNER_FILE, RESERVED_NAMES};
-use run_store::{Digest, Owner, Phase, Refusal, RunId, Step, Store, atomic, describe_io};
+use run_store::layout::{RESERVED_NAMES, STDOUT_FILE};
+use run_store::{Digest, Refusal, RunId, Step, Store, atomic, describe_io, lock};
 use std::ffi::OsString;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
@@ -22,7 +24,7 @@ pub fn run(store: &Store, start: Start) -> Result<i32> {
     let id = RunId::parse(&start.run)?;
     let digest = Digest::parse(&start.program)?;
     check_inputs(&start.inputs)?;
-    claim(store, &id)?;
+    let hold = claim(store, &id)?;
 
     let dir = store.run_dir(&id);
     let program = store.program_path(&digest);
@@ -43,9 +45,13 @@ pub fn run(store: &Store, start: Start) -> Result<i32> {
         use_cgroup: !start.no_cgroup,
         started,
         clock,
+        hold: Some(hold),
     };
     if let Err(e) = verify(&plan).and_then(|()| copy_inputs(&plan, &start.inputs)) {
-        return Err(refuse(e.class, plan.fail(e.step, &e.line)));
+        let line = plan.fail(e.step, &e.line);
+        // What start reports stays true after a crash, refusals included.
+        let _ = atomic::sync_dir(&store.runs_dir());
+        return Err(refuse(e.class, line));
     }
     detach(plan)
 }
@@ -69,9 +75,11 @@ fn check_inputs(inputs: &[(String, PathBuf)]) -> Result<()> {
     Ok(())
 }
 
-/// The atomic claim: the run folder is built in tmp/ with its owner inside, then renamed into
-/// runs/ unless the id exists, so a reader never sees a run without an owner.
-fn claim(store: &Store, id: &RunId) -> Result<()> {
+/// The atomic claim: the run folder is made in tmp/ and locked (see [`run_store::lock`]), then
+/// renamed into runs/ unless the id exists, so a reader never sees a run nobody holds. The
+/// lock is returned, to be kept until the result is durable; the claim is made durable in
+/// [`detach`], before the program runs.
+fn claim(store: &Store, id: &RunId) -> Result<File> {
     let runs = store.runs_dir();
     let cannot = || format!("cannot create run {:?} in {}", id.as_str(), runs.display());
     fs::create_dir_all(&runs).map_err(io_line(cannot()))?;
@@ -79,27 +87,51 @@ fn claim(store: &Store, id: &RunId) -> Result<()> {
     fs::create_dir_all(&tmp).map_err(io_line(cannot()))?;
     let staging = tmp.join(format!("claim-{}-{}", id, std::process::id()));
     let _ = fs::remove_dir_all(&staging);
-    let owner = Owner::for_self(Phase::Starting, None).map_err(io_line(cannot()))?;
-    let json = serde_json::to_vec(&owner)?;
     let built = fs::create_dir(&staging)
-        .and_then(|()| atomic::write(&staging, OWNER_FILE, &json, false))
-        .and_then(|()| sys::rename_noreplace(&staging, &store.run_dir(id)));
-    if let Err(e) = built {
-        let _ = fs::remove_dir_all(&staging);
-        if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
-            return Err(refuse(
-                Refusal::RunExists,
-                format!(
-                    "run {:?} already exists in {}: a run id is started at most once",
-                    id.as_str(),
-                    runs.display()
-                ),
-            ));
+        .and_then(|()| lock::hold(&staging))
+        .and_then(|hold| room_for_records(&hold).map(|()| hold))
+        .and_then(|hold| move_into_place(&staging, &store.run_dir(id)).map(|()| hold));
+    match built {
+        Ok(hold) => Ok(hold),
+        Err(e) => {
+            let _ = fs::remove_dir_all(&staging);
+            if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
+                return Err(refuse(
+                    Refusal::RunExists,
+                    format!(
+                        "run {:?} already exists in {}: a run id is started at most once",
+                        id.as_str(),
+                        runs.display()
+                    ),
+                ));
+            }
+            Err(io_line(cannot())(e))
         }
-        return Err(io_line(cannot())(e));
     }
-    // Durable before anything runs, so a redelivered start after a crash is still refused.
-    atomic::sync_dir(&runs).map_err(io_line(cannot()))
+}
+
+/// Renames the claim into runs/ unless the id is taken. Where the filesystem lacks
+/// RENAME_NOREPLACE, a plain rename would replace a claimed folder that is still empty, so
+/// ours gets its `stdout` first and the rename then fails on any other claim, never empty.
+fn move_into_place(staging: &Path, run_dir: &Path) -> io::Result<()> {
+    match sys::rename_noreplace(staging, run_dir) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+            File::create(staging.join(STDOUT_FILE))?;
+            fs::rename(staging, run_dir)
+        }
+        moved => moved,
+    }
+}
+
+/// Bytes a run needs for its own records (owner, result, retention marker) whatever the
+/// program writes; with less free, a run would start only to end unrecorded.
+const RECORD_ROOM: u64 = 16 * 1024;
+
+fn room_for_records(folder: &File) -> io::Result<()> {
+    if sys::available_bytes(folder)? < RECORD_ROOM {
+        return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    Ok(())
 }
 
 /// The clean default environment, then `--env` (a later value for a name wins).
@@ -230,28 +262,44 @@ fn copy_input(plan: &Plan, dst: &Path, name: &str, path: &Path) -> Result<(), St
 /// exits) and waits for its word that the program was exec'd or refused. One fork, not two:
 /// the supervisor never opens a terminal, so being a session leader costs nothing, and each
 /// extra process hop is a scheduling delay on a busy machine.
+///
+/// While the supervisor prepares the program (output files, cgroup), this process makes the
+/// claim durable and then tells it to go on: the flush overlaps that work, yet a redelivered
+/// start after a crash is still refused, since nothing runs before the claim is on disk.
 fn detach(plan: Plan) -> Result<i32> {
-    let id = plan.id.to_string();
-    let (read, write) = sys::pipe().map_err(io_line("cannot create a pipe"))?;
+    let (store, id) = (plan.store.clone(), plan.id.clone());
+    let (mut ours, theirs) =
+        UnixStream::pair().map_err(io_line("cannot create the supervisor's channel"))?;
     match sys::fork().map_err(io_line("cannot fork the supervisor"))? {
         Forked::Child => {
-            drop(read);
+            drop(ours);
             let _ = sys::setsid();
-            let _ = sys::detach_fds(write.as_raw_fd());
+            let hold = plan.hold.as_ref().map_or(-1, |h| h.as_raw_fd());
+            let _ = sys::detach_fds(&[theirs.as_raw_fd(), hold]);
             let _ = std::env::set_current_dir("/");
-            std::process::exit(supervise::supervise(plan, write));
+            std::process::exit(supervise::supervise(plan, theirs));
         }
         Forked::Parent(_) => {
-            drop(write);
+            drop(theirs);
+            // The supervisor holds the run now; this copy of the lock must not outlive it.
+            drop(plan);
+            let word = match supervise::make_claim_durable(&store, &id) {
+                Ok(()) => supervise::CLAIM_DURABLE.to_vec(),
+                Err(line) => line.into_bytes(),
+            };
+            // A supervisor that already refused has gone; its report says why.
+            let _ = ours.write_all(&word);
+            let _ = ours.shutdown(Shutdown::Write);
             let mut report = Vec::new();
-            let _ = File::from(read).read_to_end(&mut report);
+            let _ = ours.read_to_end(&mut report);
             if report == REPORT_OK {
                 println!("running");
                 return Ok(0);
             }
             if report.is_empty() {
                 return Err(anyhow!(
-                    "the supervisor of run {id:?} died before the program started: the run reads as lost"
+                    "the supervisor of run {:?} died before the program started: the run reads as lost",
+                    id.as_str()
                 ));
             }
             let (class, line) = supervise::parse_refusal(&report);

@@ -1,7 +1,7 @@
 //! `stop`: asks a run's supervisor to end it the way its timeout would, then waits for the end.
 use super::show;
 use anyhow::{Result, bail};
-use run_store::{Phase, State, Store};
+use run_store::{State, Store};
 use std::time::Duration;
 
 pub fn run(store: &Store, run: &str) -> Result<()> {
@@ -11,7 +11,7 @@ pub fn run(store: &Store, run: &str) -> Result<()> {
             (state, _) if state.is_final() => break,
             // Still starting: the detached supervisor takes over within moments.
             (State::Starting, _) => std::thread::sleep(Duration::from_millis(5)),
-            (_, Some(owner)) if owner.phase == Phase::Running => {
+            (State::Running, Some(owner)) => {
                 // SIGTERM to the supervisor itself, which then terminates the whole tree.
                 if !crate::sys::signal_exists(owner.pid as libc::pid_t, libc::SIGTERM)
                     && owner.is_alive()

@@ -7,20 +7,19 @@ mod tree;
 use crate::sys::{self, Ended, Reaped};
 use run_store::layout::{OWNER_FILE, RESULT_FILE, STDERR_FILE, STDOUT_FILE};
 use run_store::record::{FinalState, RunResult, SCHEMA};
-use run_store::{
-    Digest, Failure, Owner, Phase, Refusal, RunId, Step, Store, atomic, clock, describe_io,
-};
+use run_store::{Digest, Failure, Owner, Refusal, RunId, Step, Store, atomic, clock, describe_io};
 use sink::Sink;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 use tree::{Cgroup, Tree};
 
-pub use retention::prune;
 pub use sink::LAST_BYTES;
 
 /// Everything a run needs, fixed by `start` before the supervisor detaches.
@@ -39,13 +38,18 @@ pub struct Plan {
     pub use_cgroup: bool,
     pub started: SystemTime,
     pub clock: Instant,
+    /// The run's lock (see [`run_store::lock`]), let go once the result is durable.
+    pub hold: Option<File>,
 }
 
-/// What the supervisor tells `start` through the report pipe: this, or a refusal as
+/// What the supervisor tells `start` over their channel: this, or a refusal as
 /// [`report_refusal`] writes it.
 pub const REPORT_OK: &[u8] = b"ok";
+/// What `start` tells the supervisor once the claim is durable; anything else is the reason
+/// it is not.
+pub const CLAIM_DURABLE: &[u8] = b"go";
 
-/// A refusal for the report pipe: its exit status, a space, then the line.
+/// A refusal for the channel: its exit status, a space, then the line.
 fn report_refusal(class: Refusal, line: &str) -> Vec<u8> {
     format!("{} {line}", class.code()).into_bytes()
 }
@@ -114,7 +118,7 @@ impl Plan {
             step,
             reason: reason.to_string(),
         });
-        let Err(e) = self.finish(&r) else {
+        let Err(e) = self.finish(&r, None) else {
             return reason.to_string();
         };
         let why = describe_io(&e);
@@ -137,12 +141,45 @@ impl Plan {
         }
     }
 
-    fn finish(&self, r: &RunResult) -> io::Result<()> {
+    /// Writes the record durably, lets go of the run's lock (`hold`), which wakes its waiters,
+    /// then applies retention, so its work holds no waiter.
+    fn finish(&self, r: &RunResult, hold: Option<File>) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(r).map_err(io::Error::other)?;
-        atomic::write(&self.run_dir(), RESULT_FILE, &json, true)?;
-        prune(&self.store, self.keep);
+        let marker = retention::mark(&self.store, &self.id)?;
+        if let Err(e) = write_record(&self.run_dir(), &json) {
+            let _ = std::fs::remove_file(marker);
+            return Err(e);
+        }
+        drop(hold);
+        retention::prune(&self.store, self.keep);
         Ok(())
     }
+}
+
+/// Writes result.json durably. Once the program was exec'd, the owner file serves as the
+/// temporary file: the record goes over its bytes, is flushed, then renamed to result.json, so
+/// a finish allocates no inode (on some disks the dearest step). A crash midway leaves no
+/// result and a lock nobody holds, which reads as lost. Before that there is no owner file,
+/// and a fresh temporary file is used.
+fn write_record(dir: &std::path::Path, json: &[u8]) -> io::Result<()> {
+    let owner = dir.join(OWNER_FILE);
+    let mut file = match std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        // Never through a symlink the program may have put there.
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&owner)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ELOOP) => {
+            return atomic::write(dir, RESULT_FILE, json, true);
+        }
+        Err(e) => return Err(e),
+    };
+    file.write_all(json)?;
+    file.sync_all()?;
+    std::fs::rename(&owner, dir.join(RESULT_FILE))?;
+    atomic::sync_dir(dir)
 }
 
 /// Why the tree is being terminated.
@@ -153,20 +190,21 @@ enum Reason {
 }
 
 /// Runs in the detached process: supervises the run to its end and returns the exit code.
-pub fn supervise(plan: Plan, report: OwnedFd) -> i32 {
+pub fn supervise(mut plan: Plan, mut channel: UnixStream) -> i32 {
     // Writing to a `start` that has gone must not kill the supervisor.
     // SAFETY: setting a signal's disposition touches no Rust state.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    match prepare_and_spawn(&plan) {
+    let hold = plan.hold.take();
+    match prepare_and_spawn(&plan, &mut channel) {
         Ok(running) => {
-            let _ = sys::write_raw(report.as_raw_fd(), REPORT_OK);
-            drop(report);
-            watch(&plan, running)
+            let _ = channel.write_all(REPORT_OK);
+            drop(channel);
+            watch(&plan, running, hold)
         }
         Err((class, line)) => {
-            let _ = sys::write_raw(report.as_raw_fd(), &report_refusal(class, &line));
+            let _ = channel.write_all(&report_refusal(class, &line));
             1
         }
     }
@@ -181,7 +219,7 @@ struct Running {
 }
 
 /// Everything up to the program's exec; an error is the line `start` prints, and its class.
-fn prepare_and_spawn(plan: &Plan) -> Result<Running, (Refusal, String)> {
+fn prepare_and_spawn(plan: &Plan, channel: &mut UnixStream) -> Result<Running, (Refusal, String)> {
     let dir = plan.run_dir();
     let setup = |what: &str, e: io::Error| {
         let class = Refusal::of_io(&e);
@@ -226,6 +264,9 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Running, (Refusal, String)> {
         cgroup_dir: cgroup.as_ref().map(Cgroup::dir_fd),
         cgroup_procs: cgroup.as_ref().map(Cgroup::procs_fd),
     };
+    if let Err(why) = await_durable_claim(plan, channel) {
+        return Err(refused(&why));
+    }
     let spawned = match sys::spawn(&exec, &place) {
         Ok(spawned) => spawned,
         Err(e) => {
@@ -241,7 +282,7 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Running, (Refusal, String)> {
     let out = Sink::new(File::from(spawned.stdout), stdout, plan.output_limit);
     let err = Sink::new(File::from(spawned.stderr), stderr, plan.output_limit);
     // A reader now sees `running` with this process as the owner.
-    if let Ok(owner) = Owner::for_self(Phase::Running, Some(pid as u32))
+    if let Ok(owner) = Owner::for_self(pid as u32)
         && let Ok(json) = serde_json::to_vec(&owner)
     {
         let _ = atomic::write(&dir, OWNER_FILE, &json, false);
@@ -259,13 +300,40 @@ fn prepare_and_spawn(plan: &Plan) -> Result<Running, (Refusal, String)> {
     })
 }
 
+/// Waits for `start`'s word that the claim is durable; should `start` have died first, makes
+/// it durable here.
+fn await_durable_claim(plan: &Plan, channel: &mut UnixStream) -> Result<(), String> {
+    let mut word = Vec::new();
+    let _ = channel.read_to_end(&mut word);
+    if word == CLAIM_DURABLE {
+        return Ok(());
+    }
+    if !word.is_empty() {
+        return Err(String::from_utf8_lossy(&word).into_owned());
+    }
+    make_claim_durable(&plan.store, &plan.id)
+}
+
+/// Flushes the rename that claimed `id`; the error is the line to report.
+pub fn make_claim_durable(store: &Store, id: &RunId) -> Result<(), String> {
+    let runs = store.runs_dir();
+    atomic::sync_dir(&runs).map_err(|e| {
+        format!(
+            "cannot make the claim of run {:?} in {} durable: {}",
+            id.as_str(),
+            runs.display(),
+            describe_io(&e)
+        )
+    })
+}
+
 /// How long pipes may stay open after the whole tree is gone (only a process outside the tree
 /// that was handed the pipe could hold them).
 const DRAIN_AFTER_TREE: Duration = Duration::from_secs(1);
 /// How often SIGKILL is repeated until no descendant is left.
 const KILL_EVERY: Duration = Duration::from_millis(20);
 
-fn watch(plan: &Plan, mut run: Running) -> i32 {
+fn watch(plan: &Plan, mut run: Running, hold: Option<File>) -> i32 {
     let mut buf = vec![0u8; 64 * 1024];
     let deadline = plan.timeout.map(|t| plan.clock + t);
     let mut ended: Option<Ended> = None;
@@ -385,7 +453,7 @@ fn watch(plan: &Plan, mut run: Running) -> i32 {
     r.stderr = Some(run.err.record());
     // The cgroup goes before the record, so a finished run leaves nothing behind.
     drop(run.tree);
-    match plan.finish(&r) {
+    match plan.finish(&r, hold) {
         Ok(()) => 0,
         // Nobody listens any more; the run reads as lost, which is the truth.
         Err(_) => 1,

@@ -1,38 +1,82 @@
-//! Retention: after each finish, keep only the newest N finished runs (by when their result
-//! was written); running and lost runs are never removed.
-use run_store::Store;
-use run_store::layout::RESULT_FILE;
+//! Retention: after each finish, keep only the newest N finished runs; running and lost runs
+//! are never removed.
+//!
+//! Each finish first leaves a marker `finished/<nanoseconds since the epoch>-<run>`,
+//! then writes its result.json, so one listing of `finished/` orders the finished runs without
+//! opening any of them: a finish costs one directory read, not a stat of every run. The marker
+//! is not fsynced: a journaling filesystem commits metadata in order, so a durable result
+//! implies a durable marker. A marker whose run is not final is either a finish in flight
+//! (counted, since it is about to be) or a supervisor that died between the two (its run reads
+//! as lost and stays; the marker is dropped).
+use run_store::layout::OWNER_FILE;
+use run_store::{Error, RunId, State, Store};
 use std::ffi::OsStr;
 use std::fs;
 use std::io;
-use std::time::SystemTime;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Records that `id` is finishing now; returns the marker, to be taken back should its
+/// result never be written. The marker is a hard link to the run's owner file: a new name for
+/// an existing inode, since allocating an inode is the dearest step of a small write on some
+/// disks.
+pub fn mark(store: &Store, id: &RunId) -> io::Result<PathBuf> {
+    let dir = store.finished_dir();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let marker = dir.join(format!("{nanos:020}-{id}"));
+    let owner = store.run_dir(id).join(OWNER_FILE);
+    let linked = fs::hard_link(&owner, &marker).or_else(|e| match e.kind() {
+        io::ErrorKind::NotFound if !dir.exists() => {
+            fs::create_dir_all(&dir)?;
+            fs::hard_link(&owner, &marker)
+        }
+        _ => Err(e),
+    });
+    // Without an owner to link to (or hard links), an empty file does as well.
+    if linked.is_err() {
+        fs::File::create(&marker)?;
+    }
+    Ok(marker)
+}
 
 pub fn prune(store: &Store, keep: usize) {
-    let runs = store.runs_dir();
-    let Ok(entries) = fs::read_dir(&runs) else {
+    let dir = store.finished_dir();
+    let Ok(entries) = fs::read_dir(&dir) else {
         return;
     };
-    let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
-    // Cheap common case: fewer runs than the limit, no need to look inside any.
-    if names.len() <= keep {
-        return;
-    }
-    let mut finished: Vec<(SystemTime, std::ffi::OsString)> = names
-        .into_iter()
-        .filter_map(|name| {
-            let at = fs::metadata(runs.join(&name).join(RESULT_FILE))
-                .and_then(|m| m.modified())
-                .ok()?;
-            Some((at, name))
-        })
+    let mut markers: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
         .collect();
-    if finished.len() <= keep {
+    if markers.len() <= keep {
         return;
     }
-    finished.sort();
-    let excess = finished.len() - keep;
-    for (n, (_, name)) in finished.into_iter().take(excess).enumerate() {
-        let _ = remove(store, &name, n);
+    // Fixed-width timestamps: the names sort oldest first.
+    markers.sort_unstable();
+    let mut counted = markers.len();
+    for (n, marker) in markers.iter().enumerate() {
+        if counted <= keep {
+            break;
+        }
+        let id = marker
+            .split_once('-')
+            .and_then(|(_, id)| RunId::parse(id).ok());
+        let status = id.as_ref().map(|id| store.status(id));
+        let drop_marker = match status {
+            Some(Ok(s)) if s.state == State::Lost => true,
+            Some(Ok(s)) if s.state.is_final() => remove(store, s.id.as_str().as_ref(), n).is_ok(),
+            // Being written right now: it counts, and a newer run goes instead.
+            Some(Ok(_)) => false,
+            // Removed by hand, or not a marker of ours.
+            Some(Err(Error::UnknownRun { .. })) | None => true,
+            Some(Err(_)) => false,
+        };
+        if drop_marker {
+            let _ = fs::remove_file(dir.join(marker));
+            counted -= 1;
+        }
     }
 }
 
