@@ -110,7 +110,11 @@ pub fn run() -> Result<()> {
          filesystem makes nearly free: three fsyncs (the claim of its id before the program runs,\n\
          then `result.json` and its folder) and five new inodes (the run folder, `stdout`,\n\
          `stderr`, `supervisor.json`, the result's temporary file); the last two rows give the\n\
-         disk's price for each in the same run. `start`+`wait` hands off between four processes\n\
+         disk's price for each in the same run. On ext4 without a journal a new inode costs\n\
+         more for up to 6 minutes after many were freed (the allocator skips them): this\n\
+         benchmark deletes an earlier run's stores only after measuring, yet a run started\n\
+         soon after another (or after other deletions) still pays for them, as the creation\n\
+         row then shows. `start`+`wait` hands off between four processes\n\
          (start, supervisor, program, wait), so on a machine busy with other work each hop can\n\
          wait for a CPU; the p10 column shows the cost when it does not.\n\n\
          Reproduce: `cargo xtask bench supervisor`\n",
