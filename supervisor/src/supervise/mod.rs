@@ -14,7 +14,6 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -146,7 +145,9 @@ impl Plan {
     fn finish(&self, r: &RunResult, hold: Option<File>) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(r).map_err(io::Error::other)?;
         let marker = retention::mark(&self.store, &self.id)?;
-        if let Err(e) = write_record(&self.run_dir(), &json) {
+        // Once the program was exec'd the owner file is done with: it becomes the record. A
+        // crash midway leaves no result and a lock nobody holds, which reads as lost.
+        if let Err(e) = atomic::write_over(&self.run_dir(), OWNER_FILE, RESULT_FILE, &json) {
             let _ = std::fs::remove_file(marker);
             return Err(e);
         }
@@ -154,32 +155,6 @@ impl Plan {
         retention::prune(&self.store, self.keep);
         Ok(())
     }
-}
-
-/// Writes result.json durably. Once the program was exec'd, the owner file serves as the
-/// temporary file: the record goes over its bytes, is flushed, then renamed to result.json, so
-/// a finish allocates no inode (on some disks the dearest step). A crash midway leaves no
-/// result and a lock nobody holds, which reads as lost. Before that there is no owner file,
-/// and a fresh temporary file is used.
-fn write_record(dir: &std::path::Path, json: &[u8]) -> io::Result<()> {
-    let owner = dir.join(OWNER_FILE);
-    let mut file = match std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        // Never through a symlink the program may have put there.
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&owner)
-    {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ELOOP) => {
-            return atomic::write(dir, RESULT_FILE, json, true);
-        }
-        Err(e) => return Err(e),
-    };
-    file.write_all(json)?;
-    file.sync_all()?;
-    std::fs::rename(&owner, dir.join(RESULT_FILE))?;
-    atomic::sync_dir(dir)
 }
 
 /// Why the tree is being terminated.

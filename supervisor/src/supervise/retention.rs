@@ -26,16 +26,9 @@ pub fn mark(store: &Store, id: &RunId) -> io::Result<PathBuf> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let marker = dir.join(format!("{nanos:020}-{id}"));
-    let owner = store.run_dir(id).join(OWNER_FILE);
-    let linked = fs::hard_link(&owner, &marker).or_else(|e| match e.kind() {
-        io::ErrorKind::NotFound if !dir.exists() => {
-            fs::create_dir_all(&dir)?;
-            fs::hard_link(&owner, &marker)
-        }
-        _ => Err(e),
-    });
+    fs::create_dir_all(&dir)?;
     // Without an owner to link to (or hard links), an empty file does as well.
-    if linked.is_err() {
+    if fs::hard_link(store.run_dir(id).join(OWNER_FILE), &marker).is_err() {
         fs::File::create(&marker)?;
     }
     Ok(marker)
