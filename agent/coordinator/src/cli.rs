@@ -1,0 +1,189 @@
+//! The `fleet-coordinator` command line: argument structs with their help, apart from the handlers.
+use clap::{Args, Parser, Subcommand};
+use fleet_coordinator as coordinator;
+use fleet_proto::duration;
+use fleet_proto::logging::LogFormat;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "fleet-coordinator",
+    version,
+    about = "The coordinator of a fleet of rented machines: tokens, user data, serving, runs"
+)]
+pub struct Cli {
+    /// The coordinator's data folder: key and store
+    #[arg(long, default_value = coordinator::DEFAULT_DATA, global = true)]
+    pub data: PathBuf,
+    /// Log as human-readable lines or as one JSON object per line
+    #[arg(long, value_enum, default_value = "human", global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Mint a one-time token and print its join file (JSON)
+    Token(TokenArgs),
+    /// Mint a token and print #cloud-config user data that joins a new machine by itself
+    UserData(UserDataArgs),
+    /// Answer joins, sessions and bundle downloads on one port
+    Serve(ServeArgs),
+    /// List the nodes: id, state, name, key, facts, last heartbeat
+    Nodes(NodesArgs),
+    /// Run a program on one node or all of them; prints the set id
+    Run(RunArgs),
+    /// Show a set's rows or one run's
+    Status(StatusArgs),
+    /// Copy a file from a run's folder; prints its sha256:HEX
+    Collect(CollectArgs),
+    /// Stop a run on its node (needs `serve`); returns once the run ended
+    Stop(StopArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The node's id or name
+    #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+    pub node: Option<String>,
+    /// Every node
+    #[arg(long)]
+    pub all: bool,
+    /// The program file to stage and run
+    #[arg(long)]
+    pub program: PathBuf,
+    /// Stop the run after this long
+    #[arg(long, value_parser = duration::parse)]
+    pub timeout: Option<Duration>,
+    /// Bytes kept per output stream
+    #[arg(long)]
+    pub output_limit: Option<u64>,
+    /// An input file, NAME=FILE (repeatable)
+    #[arg(long = "input", value_parser = parse_label)]
+    pub inputs: Vec<(String, String)>,
+    /// An environment variable, NAME=VALUE (repeatable)
+    #[arg(long = "env", value_parser = parse_label)]
+    pub env: Vec<(String, String)>,
+    /// Runs per node in this set
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// For protocol-skew testing: sends this command object (JSON) as-is in place of the start
+    #[arg(long, hide = true, value_parser = parse_json_object)]
+    pub raw_command: Option<serde_json::Value>,
+    /// The program's arguments, passed on byte for byte
+    #[arg(last = true, value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub args: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[arg(long, required_unless_present = "run", conflicts_with = "run")]
+    pub set: Option<String>,
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// Wait until every row is final
+    #[arg(long)]
+    pub poll: bool,
+}
+
+#[derive(Args)]
+pub struct CollectArgs {
+    #[arg(long)]
+    pub run: String,
+    /// The file, relative to the run's folder
+    #[arg(long)]
+    pub path: String,
+    /// Where to write it
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct StopArgs {
+    #[arg(long)]
+    pub run: String,
+}
+
+#[derive(Args, Clone)]
+pub struct TokenArgs {
+    /// How long the token may be used
+    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    pub ttl: Duration,
+    /// The node's name
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label for the node, KEY=VALUE (repeatable)
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// The coordinator's host:port as machines reach it (default: the serving coordinator's)
+    #[arg(long)]
+    pub address: Option<String>,
+    /// The bundle's SHA-256 to put in the join file
+    #[arg(long)]
+    pub bundle_sha256: Option<String>,
+}
+
+#[derive(Args)]
+pub struct UserDataArgs {
+    #[command(flatten)]
+    pub token: TokenArgs,
+    /// The machine's architecture: which bundle it fetches
+    #[arg(long, default_value = "x86_64", value_parser = ["x86_64", "arm64"])]
+    pub arch: String,
+    /// The folder holding hub-linux-<arch>.tar.gz (default: DATA/bundles)
+    #[arg(long)]
+    pub bundles: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Where to listen for agents and bundle downloads
+    #[arg(long, default_value_t = format!("0.0.0.0:{}", coordinator::DEFAULT_PORT))]
+    pub listen: String,
+    /// The host:port machines reach this coordinator at, for join files (default: the listen address)
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// The folder holding hub-linux-<arch>.tar.gz (default: DATA/bundles)
+    #[arg(long)]
+    pub bundles: Option<PathBuf>,
+    /// How often agents send heartbeats
+    #[arg(long, default_value = "5s", value_parser = duration::parse)]
+    pub heartbeat: Duration,
+    /// How long a node stays Joined without a heartbeat
+    #[arg(long, default_value = "20s", value_parser = duration::parse)]
+    pub lease: Duration,
+    /// The longest session certificate accepted
+    #[arg(long, default_value = "1h", value_parser = duration::parse)]
+    pub max_session_validity: Duration,
+    /// A run no node took within this long fails
+    #[arg(long, default_value = "20m", value_parser = duration::parse)]
+    pub waiting_timeout: Duration,
+}
+
+#[derive(Args)]
+pub struct NodesArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_json_object(text: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str(text) {
+        Ok(value @ serde_json::Value::Object(_)) => Ok(value),
+        Ok(_) => Err("not a JSON object: pass the command as {\"kind\": ...}".into()),
+        Err(e) => Err(format!(
+            "not JSON ({e}): pass the command as {{\"kind\": ...}}"
+        )),
+    }
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{text}` is not KEY=VALUE"))
+}

@@ -1,0 +1,271 @@
+//! The coordinator: the hub's endpoint for the node protocol. A hub embeds [`Coordinator`] and
+//! [`serve::serve`]; the `fleet-coordinator` binary drives the same code.
+//!
+//! API: `Coordinator` (open, tokens, nodes, and the run API in `runs`), `serve` (the port),
+//! `operator` (requests a CLI or hub sends to a serving coordinator), `store` (the store
+//! interface and its embedded redb implementation), `userdata` (the `#cloud-config`).
+pub mod http;
+pub mod operator;
+pub mod runs;
+pub mod serve;
+pub mod store;
+pub mod userdata;
+
+use base64::Engine;
+use fleet_proto::facts::Facts;
+use fleet_proto::fsutil::{self, now_ms};
+use fleet_proto::joinfile::{JoinFile, Secret, TOKEN_PREFIX};
+use fleet_proto::pin;
+use rand::RngCore;
+use rcgen::KeyPair;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use store::{CoordinatorStore, NodeRecord, RedbStore, StoreError, StoreResult, TokenRecord};
+
+pub const DEFAULT_DATA: &str = "/var/lib/octomy-coordinator";
+pub const DEFAULT_PORT: u16 = 18426;
+pub const KEY_FILE: &str = "coordinator.key";
+pub const STORE_FILE: &str = "coordinator.redb";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error("cannot use the coordinator data directory {}: {cause}", path.display())]
+    DataDir {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("the coordinator key {} is corrupt ({reason}): restore it; a new key would orphan every node", path.display())]
+    CorruptKey { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "no address to put in the join file: pass --address HOST:PORT (the coordinator is not serving from this data directory)"
+    )]
+    NoAddress,
+    #[error("{0}")]
+    Request(String),
+    #[error("cannot read the bundle {}: {cause}: build it with `cargo xtask dist`", path.display())]
+    Bundle {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+}
+
+/// The coordinator's identity and store.
+pub struct Coordinator {
+    pub data: PathBuf,
+    pub store: Arc<dyn CoordinatorStore>,
+    pub key: KeyPair,
+    /// Sessions and wake-ups while serving.
+    pub live: runs::Live,
+}
+
+/// A join file to mint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TokenRequest {
+    pub ttl_ms: u64,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The advertised `host:port`; the serving coordinator fills in its own when absent.
+    pub address: Option<String>,
+    pub bundle_sha256: Option<String>,
+}
+
+/// Whether a node holds its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    Joined,
+    #[serde(rename = "lost")]
+    Lost,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Joined => "Joined",
+            NodeState::Lost => "lost",
+        }
+    }
+}
+
+/// One row of `fleet-coordinator nodes`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeView {
+    pub id: String,
+    pub state: NodeState,
+    pub name: Option<String>,
+    pub public_key: String,
+    pub labels: BTreeMap<String, String>,
+    pub joined_at_ms: u64,
+    pub last_heartbeat_ms: Option<u64>,
+    pub facts: Option<Facts>,
+}
+
+/// A node's id follows from its key, so the same key always gets the same id.
+pub fn node_id(public_key: &[u8]) -> String {
+    format!("n-{}", &hex::encode(Sha256::digest(public_key))[..16])
+}
+
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+impl Coordinator {
+    /// Runs a store call on tokio's blocking pool: redb waits for its disk sync, and the serving
+    /// coordinator's one async thread must go on reading every other session meanwhile.
+    pub async fn with_store<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&dyn CoordinatorStore) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || call(store.as_ref()))
+            .await
+            .map_err(|e| StoreError::Db(format!("a store call did not complete: {e}")))?
+    }
+
+    /// Like [`open`](Self::open), but while another process holds the store (an operator command
+    /// reading it for a moment) it tries again for up to `patience`.
+    pub fn open_patiently(
+        data: &Path,
+        patience: std::time::Duration,
+    ) -> Result<Coordinator, CoordinatorError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match Coordinator::open(data) {
+                Err(CoordinatorError::Store(StoreError::Locked(_)))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                opened => return opened,
+            }
+        }
+    }
+
+    /// Opens (or creates) the data directory: key (0600) and store.
+    pub fn open(data: &Path) -> Result<Coordinator, CoordinatorError> {
+        let data_err = |cause| CoordinatorError::DataDir {
+            path: data.to_path_buf(),
+            cause,
+        };
+        fsutil::create_private_dir(data).map_err(data_err)?;
+        let key = load_or_create_key(&data.join(KEY_FILE))?;
+        let store = RedbStore::open(&data.join(STORE_FILE))?;
+        Ok(Coordinator {
+            data: data.to_path_buf(),
+            store: Arc::new(store),
+            key,
+            live: runs::Live::default(),
+        })
+    }
+
+    pub fn public_key_text(&self) -> String {
+        pin::key_text(self.key.public_key_raw())
+    }
+
+    /// Mints a one-time token, stores only its hash, and returns the join file that carries it.
+    pub fn mint_token(
+        &self,
+        request: &TokenRequest,
+        default_address: Option<&str>,
+    ) -> Result<JoinFile, CoordinatorError> {
+        let address = request
+            .address
+            .clone()
+            .or_else(|| default_address.map(str::to_string))
+            .ok_or(CoordinatorError::NoAddress)?;
+        let mut raw = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut raw);
+        let token = format!(
+            "{TOKEN_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+        );
+        let expires_at_ms = now_ms() + request.ttl_ms;
+        let record = TokenRecord {
+            expires_at_ms,
+            name: request.name.clone(),
+            labels: request.labels.clone(),
+            spent_by: None,
+        };
+        self.store.add_token(&token_hash(&token), &record)?;
+        Ok(JoinFile {
+            address,
+            coordinator_key: self.public_key_text(),
+            token: Secret(token),
+            expires_at_ms: Some(expires_at_ms),
+            ttl_ms: Some(request.ttl_ms),
+            bundle_sha256: request.bundle_sha256.clone(),
+            name: request.name.clone(),
+            labels: request.labels.clone(),
+        })
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeView>, CoordinatorError> {
+        let now = now_ms();
+        let mut nodes: Vec<NodeView> = self
+            .store
+            .nodes()?
+            .into_iter()
+            .map(|n| view(n, now))
+            .collect();
+        nodes.sort_by(|a, b| a.joined_at_ms.cmp(&b.joined_at_ms).then(a.id.cmp(&b.id)));
+        Ok(nodes)
+    }
+}
+
+fn view(node: NodeRecord, now: u64) -> NodeView {
+    let state = if now < node.lease_until_ms {
+        NodeState::Joined
+    } else {
+        NodeState::Lost
+    };
+    NodeView {
+        id: node.id,
+        state,
+        name: node.name,
+        public_key: node.public_key,
+        labels: node.labels,
+        joined_at_ms: node.joined_at_ms,
+        last_heartbeat_ms: node.last_heartbeat_ms,
+        facts: node.facts,
+    }
+}
+
+fn load_or_create_key(path: &Path) -> Result<KeyPair, CoordinatorError> {
+    let corrupt = |reason: String| CoordinatorError::CorruptKey {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match std::fs::read_to_string(path) {
+        Ok(pem) => KeyPair::from_pem(&pem).map_err(|e| corrupt(e.to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key =
+                KeyPair::generate_for(&rcgen::PKCS_ED25519).map_err(|e| corrupt(e.to_string()))?;
+            fsutil::write_atomic(path, key.serialize_pem().as_bytes(), 0o600).map_err(|cause| {
+                CoordinatorError::DataDir {
+                    path: path.to_path_buf(),
+                    cause,
+                }
+            })?;
+            Ok(key)
+        }
+        Err(e) => Err(corrupt(e.to_string())),
+    }
+}
+
+/// The SHA-256 of a file, hex.
+pub fn file_sha256(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// The bundle file for one architecture.
+pub fn bundle_path(bundles: &Path, arch: &str) -> PathBuf {
+    bundles.join(format!("hub-linux-{arch}.tar.gz"))
+}

@@ -1,0 +1,287 @@
+//! The `fleet-coordinator` binary: tokens, user data, serving, and the operator's run commands.
+mod cli;
+
+use anyhow::{Context, Result};
+use base64::Engine;
+use clap::Parser;
+use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
+use fleet_coordinator::runs::{Collected, RunRequest, RunView, SetView};
+use fleet_coordinator::{self as coordinator, Coordinator, NodeView, TokenRequest};
+use fleet_coordinator::{operator, serve, userdata};
+use fleet_proto::joinfile::JoinFile;
+use fleet_proto::logging;
+use fleet_proto::run::RunOptions;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn main() {
+    let cli = Cli::parse();
+    let log_format = cli.log_format;
+    logging::init(log_format);
+    let result = run_coordinator(cli);
+    if let Err(err) = result {
+        // A JSON log carries the fatal line too, for collectors; a human reads it once on stderr.
+        if matches!(log_format, logging::LogFormat::Json) {
+            tracing::error!("{err:#}");
+        }
+        eprintln!("fleet-coordinator: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    // One thread serves every session; store calls go to the blocking pool.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("can watch SIGTERM");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// How long an operator command or `serve` waits for the other to let go of the store.
+const STORE_PATIENCE: Duration = Duration::from_secs(10);
+
+fn run_coordinator(args: Cli) -> Result<()> {
+    let data = args.data;
+    match args.command {
+        Command::Token(t) => {
+            let join = operate(&data, operator::Request::Token(token_request(&t)))?;
+            println!("{}", serde_json::to_string_pretty(&join)?);
+        }
+        Command::UserData(u) => {
+            let bundles = u.bundles.unwrap_or_else(|| data.join("bundles"));
+            let bundle = coordinator::bundle_path(&bundles, &u.arch);
+            let sum = coordinator::file_sha256(&bundle).map_err(|cause| {
+                coordinator::CoordinatorError::Bundle {
+                    path: bundle.clone(),
+                    cause,
+                }
+            })?;
+            let mut request = token_request(&u.token);
+            request.bundle_sha256 = Some(sum);
+            let join = operate(&data, operator::Request::Token(request))?;
+            let join: JoinFile = serde_json::from_value(join)?;
+            print!("{}", userdata::render(&join, &u.arch));
+        }
+        Command::Nodes(n) => print_nodes(&n, operate(&data, operator::Request::Nodes)?)?,
+        Command::Serve(s) => serve_coordinator(&data, s)?,
+        Command::Run(r) => {
+            let set: SetView =
+                serde_json::from_value(operate(&data, operator::Request::Run(run_request(&r)?))?)?;
+            println!("{}", set.set_id);
+        }
+        Command::Status(s) => print_status(&data, &s)?,
+        Command::Collect(c) => {
+            let request = operator::Request::Collect {
+                run: c.run.clone(),
+                path: c.path.clone(),
+            };
+            let answer: Collected = serde_json::from_value(operate(&data, request)?)?;
+            let digest = save_collected(&answer, &c.out)?;
+            println!("{digest}");
+        }
+        Command::Stop(s) => {
+            operate(&data, operator::Request::Stop { run: s.run.clone() })?;
+            println!("stopped {}", s.run);
+        }
+    }
+    Ok(())
+}
+
+fn run_request(r: &RunArgs) -> Result<RunRequest> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let b64 = |bytes: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let mut inputs = Vec::new();
+    for (name, file) in &r.inputs {
+        inputs.push((name.clone(), b64(read(std::path::Path::new(file))?)));
+    }
+    Ok(RunRequest {
+        node: r.node.clone(),
+        all: r.all,
+        program_b64: b64(read(&r.program)?),
+        options: RunOptions {
+            argv: r
+                .args
+                .iter()
+                .map(|a| {
+                    fleet_proto::Bytes(
+                        std::os::unix::ffi::OsStrExt::as_bytes(a.as_os_str()).to_vec(),
+                    )
+                })
+                .collect(),
+            timeout_ms: r.timeout.map(|t| t.as_millis() as u64),
+            output_limit: r.output_limit,
+            env: r.env.clone(),
+            inputs,
+            resources: Default::default(),
+        },
+        repeat: r.repeat,
+        raw_command: r.raw_command.clone(),
+    })
+}
+
+fn print_status(data: &std::path::Path, s: &StatusArgs) -> Result<()> {
+    let request = operator::Request::Status {
+        set: s.set.clone(),
+        run: s.run.clone(),
+    };
+    let rows: Vec<RunView> = loop {
+        let rows: Vec<RunView> = serde_json::from_value(operate(data, request.clone())?)?;
+        if !s.poll || rows.iter().all(|r| r.state.is_final()) {
+            break rows;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    if s.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:<20} {:<9} {:<10} ERROR",
+        "RUN", "NODE", "STATE", "EXIT"
+    );
+    for r in rows {
+        let exit = match &r.outcome {
+            Some(o) if o.timed_out => "timed out".to_string(),
+            Some(o) if o.stopped => "stopped".to_string(),
+            Some(o) if o.oom_killed == Some(true) => "oom".to_string(),
+            Some(o) => match (o.exit_code, o.signal) {
+                (Some(code), _) => code.to_string(),
+                (None, Some(signal)) => format!("signal {signal}"),
+                _ => "-".to_string(),
+            },
+            None => "-".to_string(),
+        };
+        println!(
+            "{:<16} {:<20} {:<9} {:<10} {}",
+            r.run_id,
+            r.node_id,
+            r.state,
+            exit,
+            r.error.as_deref().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+/// Writes a collected file atomically after checking its bytes against the node's digest.
+fn save_collected(answer: &Collected, out: &std::path::Path) -> Result<String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&answer.content_b64)
+        .context("the node sent a collected file that is not base64")?;
+    let got = fleet_proto::Digest::of_reader(bytes.as_slice())?;
+    if got != answer.digest {
+        anyhow::bail!(
+            "the collected file hashes to {got}, but the node reported {}; collect it again",
+            answer.digest
+        );
+    }
+    fleet_proto::fsutil::write_atomic(out, &bytes, 0o644)
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(got.to_string())
+}
+
+fn token_request(t: &TokenArgs) -> TokenRequest {
+    TokenRequest {
+        ttl_ms: t.ttl.as_millis() as u64,
+        name: t.name.clone(),
+        labels: t.labels.iter().cloned().collect(),
+        address: t.address.clone(),
+        bundle_sha256: t.bundle_sha256.clone(),
+    }
+}
+
+/// Through the serving coordinator's socket when it runs, else on the store directly. The store
+/// is held only for this one request; a `serve` starting meanwhile waits for it (see
+/// [`STORE_PATIENCE`]), and when `serve` holds it first this command goes through its socket.
+fn operate(data: &std::path::Path, request: operator::Request) -> Result<serde_json::Value> {
+    let deadline = std::time::Instant::now() + STORE_PATIENCE;
+    let response = loop {
+        if let Some(answer) = operator::call(data, &request) {
+            break answer.context("the serving coordinator did not answer on its socket")?;
+        }
+        match Coordinator::open(data) {
+            Ok(coordinator) => {
+                break runtime()?.block_on(operator::handle(Arc::new(coordinator), None, request));
+            }
+            // `serve` holds the store and is about to open its socket.
+            Err(coordinator::CoordinatorError::Store(
+                fleet_coordinator::store::StoreError::Locked(_),
+            )) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    match response {
+        operator::Response::Ok(v) => Ok(v),
+        operator::Response::Error(e) => Err(anyhow::anyhow!(e)),
+    }
+}
+
+fn print_nodes(args: &NodesArgs, nodes: serde_json::Value) -> Result<()> {
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&nodes)?);
+        return Ok(());
+    }
+    let nodes: Vec<NodeView> = serde_json::from_value(nodes)?;
+    println!(
+        "{:<20} {:<7} {:<16} {:<8} {:>4} {:>4} {:<14} PUBLIC KEY",
+        "ID", "STATE", "NAME", "ARCH", "CPUS", "GPUS", "HEARTBEAT"
+    );
+    let now = fleet_proto::fsutil::now_ms();
+    for n in nodes {
+        let facts = n.facts.as_ref();
+        let beat = n.last_heartbeat_ms.map_or("never".to_string(), |t| {
+            format!("{} s ago", now.saturating_sub(t) / 1000)
+        });
+        println!(
+            "{:<20} {:<7} {:<16} {:<8} {:>4} {:>4} {:<14} {}",
+            n.id,
+            n.state.as_str(),
+            n.name.as_deref().unwrap_or("-"),
+            facts.map_or("-", |f| f.arch.as_str()),
+            facts.map_or(0, |f| f.cpus),
+            facts.map_or(0, |f| f.accelerators.len()),
+            beat,
+            n.public_key
+        );
+    }
+    Ok(())
+}
+
+fn serve_coordinator(data: &std::path::Path, args: ServeArgs) -> Result<()> {
+    let coordinator = Arc::new(Coordinator::open_patiently(data, STORE_PATIENCE)?);
+    let config = serve::ServeConfig {
+        bundles: args.bundles.unwrap_or_else(|| data.join("bundles")),
+        heartbeat: args.heartbeat,
+        lease: args.lease,
+        max_session_validity: args.max_session_validity,
+        waiting_timeout: args.waiting_timeout,
+    };
+    runtime()?.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let local = listener.local_addr()?.to_string();
+        let advertise = args.advertise.unwrap_or_else(|| local.clone());
+        tracing::info!(listen = %local, key = %coordinator.public_key_text(), data = %data.display(), "coordinator serving");
+        let socket = operator::bind(data).context("cannot open the operator socket")?;
+        let socket = tokio::spawn(operator::listen(socket, coordinator.clone(), Some(advertise)));
+        println!("listening on {local}");
+        let served = serve::serve(coordinator.clone(), listener, config, stop_signal()).await;
+        socket.abort();
+        let _ = std::fs::remove_file(operator::socket_path(data));
+        served.context("the coordinator stopped")
+    })
+}

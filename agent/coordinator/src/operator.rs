@@ -1,0 +1,142 @@
+//! Operator requests (`token`, `nodes`, ...) while `serve` holds the store's lock: the serving
+//! coordinator answers them on a unix socket in its data directory; without one, the CLI opens
+//! the store itself. Both paths run [`handle`].
+use super::{Coordinator, CoordinatorError, TokenRequest};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+pub const SOCKET_FILE: &str = "operator.sock";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Token(TokenRequest),
+    Nodes,
+    Run(super::runs::RunRequest),
+    Status {
+        set: Option<String>,
+        run: Option<String>,
+    },
+    Collect {
+        run: String,
+        path: String,
+    },
+    Stop {
+        run: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    Ok(serde_json::Value),
+    Error(String),
+}
+
+pub fn socket_path(data: &Path) -> PathBuf {
+    data.join(SOCKET_FILE)
+}
+
+/// Answers one request; `address` is the serving coordinator's advertised address, if any.
+/// Store work runs on the blocking pool, so a `run` that writes and syncs the store never stalls
+/// the sessions served on the async thread.
+pub async fn handle(
+    coordinator: Arc<Coordinator>,
+    address: Option<String>,
+    request: Request,
+) -> Response {
+    let result = match request {
+        Request::Collect { run, path } => coordinator.collect(&run, &path).await.map(to_json),
+        Request::Stop { run } => coordinator.stop(&run).await.map(to_json),
+        request => {
+            tokio::task::spawn_blocking(move || answer(&coordinator, address.as_deref(), request))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(CoordinatorError::Request(format!(
+                        "the request did not complete: {e}"
+                    )))
+                })
+        }
+    };
+    match result {
+        Ok(v) => Response::Ok(v),
+        Err(e) => Response::Error(e.to_string()),
+    }
+}
+
+/// The requests that only read or write the store.
+fn answer(
+    coordinator: &Coordinator,
+    address: Option<&str>,
+    request: Request,
+) -> Result<serde_json::Value, CoordinatorError> {
+    match request {
+        Request::Token(req) => coordinator.mint_token(&req, address).map(to_json),
+        Request::Nodes => coordinator.nodes().map(to_json),
+        Request::Run(req) => coordinator.create_runs(&req).map(to_json),
+        Request::Status { set, run } => coordinator
+            .status(set.as_deref(), run.as_deref())
+            .map(to_json),
+        Request::Collect { .. } | Request::Stop { .. } => {
+            unreachable!("collect and stop reach a node; `handle` answers them")
+        }
+    }
+}
+
+/// Binds the operator socket; done before the coordinator says it is listening, so operator
+/// commands never race the socket.
+pub fn bind(data: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    let path = socket_path(data);
+    // We hold the store's lock, so a socket left here is from a coordinator that died.
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    Ok(listener)
+}
+
+fn to_json<T: Serialize>(value: T) -> serde_json::Value {
+    serde_json::to_value(value).expect("answers serialize")
+}
+
+/// Serves operator requests, one JSON line each way, until the task is dropped.
+pub async fn listen(
+    listener: tokio::net::UnixListener,
+    coordinator: Arc<Coordinator>,
+    address: Option<String>,
+) -> std::io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (coordinator, address) = (coordinator.clone(), address.clone());
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            if BufReader::new(read).read_line(&mut line).await.is_err() {
+                return;
+            }
+            let response = match serde_json::from_str::<Request>(&line) {
+                Ok(request) => handle(coordinator, address, request).await,
+                Err(e) => Response::Error(format!("a malformed operator request: {e}")),
+            };
+            let mut out = serde_json::to_vec(&response).expect("responses serialize");
+            out.push(b'\n');
+            let _ = write.write_all(&out).await;
+        });
+    }
+}
+
+/// Sends a request to a serving coordinator; None when none is serving from `data`.
+pub fn call(data: &Path, request: &Request) -> Option<std::io::Result<Response>> {
+    use std::io::{BufRead, Write};
+    let stream = std::os::unix::net::UnixStream::connect(socket_path(data)).ok()?;
+    let exchange = || {
+        let mut line = serde_json::to_vec(request).expect("requests serialize");
+        line.push(b'\n');
+        (&stream).write_all(&line)?;
+        let mut answer = String::new();
+        std::io::BufReader::new(&stream).read_line(&mut answer)?;
+        serde_json::from_str(&answer).map_err(std::io::Error::other)
+    };
+    Some(exchange())
+}

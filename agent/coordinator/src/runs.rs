@@ -1,0 +1,348 @@
+//! The run API, mirroring the hub's `fleet.run`, `fleet.run.status` and `fleet.run.collect`: a set
+//! has one row per machine; rows wait for their machine, then follow its events to a final state.
+use super::store::RunRow;
+use super::{Coordinator, CoordinatorError};
+use base64::Engine;
+use fleet_proto::Digest;
+use fleet_proto::fsutil::now_ms;
+use fleet_proto::protocol::{Answer, Command, Reply};
+use fleet_proto::run::{Outcome, RunOptions, RunState, Workload};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tokio::sync::{mpsc, oneshot, watch};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// What to run, and where.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// A node id or name; None with `all`.
+    pub node: Option<String>,
+    #[serde(default)]
+    pub all: bool,
+    pub program_b64: String,
+    #[serde(flatten)]
+    pub options: RunOptions,
+    /// Runs per selected node (default 1).
+    #[serde(default = "one")]
+    pub repeat: u32,
+    /// For protocol-skew testing: each row's node gets this command object as-is, in place of
+    /// the start (under the start's op id, so the node's answer settles the row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_command: Option<serde_json::Value>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetView {
+    pub set_id: String,
+    pub program: String,
+    pub runs: Vec<String>,
+}
+
+/// One status row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunView {
+    pub run_id: String,
+    pub set_id: String,
+    pub node_id: String,
+    pub state: RunState,
+    /// How the run ended, whichever runtime ran it.
+    pub outcome: Option<Outcome>,
+    pub error: Option<String>,
+    /// The ids of the events stored for this run.
+    pub events: Vec<u64>,
+    /// The runtime's own record of the run, as the node sent it (opaque here).
+    pub detail: Option<serde_json::Value>,
+}
+
+impl From<RunRow> for RunView {
+    fn from(row: RunRow) -> RunView {
+        let (outcome, detail) = match row.report {
+            Some(report) => (report.outcome, Some(report.detail)),
+            None => (None, None),
+        };
+        RunView {
+            events: row.events.iter().map(|e| e.id).collect(),
+            run_id: row.id,
+            set_id: row.set_id,
+            node_id: row.node_id,
+            state: row.state,
+            outcome,
+            error: row.error,
+            detail,
+        }
+    }
+}
+
+/// A file collected from a run, as the node sent it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Collected {
+    pub digest: Digest,
+    pub content_b64: String,
+}
+
+/// A node answered with a reply of another command: a protocol mismatch between versions.
+fn unexpected(row: &RunRow, what: &str, reply: &Reply) -> CoordinatorError {
+    CoordinatorError::Request(format!(
+        "node {} answered {what} with {reply:?}; run an agent of this coordinator's version",
+        row.node_id
+    ))
+}
+
+/// A request to a node through its live session, answered with the command's result.
+pub type NodeCall = (Command, oneshot::Sender<Answer>);
+
+/// The serving coordinator's live side: which nodes have a session, and a change counter that
+/// wakes sessions when new runs wait for them.
+pub struct Live {
+    pub changes: watch::Sender<u64>,
+    pub sessions: Mutex<HashMap<String, (u64, mpsc::Sender<NodeCall>)>>,
+}
+
+impl Default for Live {
+    fn default() -> Live {
+        Live {
+            changes: watch::channel(0).0,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Live {
+    pub fn poke(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+}
+
+fn random_id(prefix: &str) -> String {
+    let mut raw = [0u8; 6];
+    rand::thread_rng().fill_bytes(&mut raw);
+    format!("{prefix}-{}", hex::encode(raw))
+}
+
+impl Coordinator {
+    /// Records a set with one waiting run per selected node, and wakes their sessions.
+    pub fn create_runs(&self, request: &RunRequest) -> Result<SetView, CoordinatorError> {
+        let program = B64
+            .decode(&request.program_b64)
+            .map_err(|_| CoordinatorError::Request("the program is not base64".into()))?;
+        let digest = Digest::from_hasher({
+            use sha2::Digest as _;
+            let mut hasher = Sha256::new();
+            hasher.update(&program);
+            hasher
+        });
+        let nodes = self.store.nodes()?;
+        let selected: Vec<String> = match (&request.node, request.all) {
+            (_, true) => nodes.iter().map(|n| n.id.clone()).collect(),
+            (Some(wanted), false) => nodes
+                .iter()
+                .filter(|n| &n.id == wanted || n.name.as_deref() == Some(wanted))
+                .map(|n| n.id.clone())
+                .collect(),
+            (None, false) => {
+                return Err(CoordinatorError::Request("pass --node N or --all".into()));
+            }
+        };
+        if selected.is_empty() {
+            return Err(CoordinatorError::Request(match &request.node {
+                Some(wanted) => {
+                    format!("no node matches {wanted}: see `fleet-coordinator nodes`")
+                }
+                None => {
+                    "no node has joined yet: mint a join file with `fleet-coordinator token`".into()
+                }
+            }));
+        }
+        self.store.put_program(&digest.to_string(), &program)?;
+        let set_id = random_id("s");
+        let now = now_ms();
+        let runs: Vec<RunRow> = selected
+            .iter()
+            .flat_map(|node| std::iter::repeat_n(node.clone(), request.repeat.max(1) as usize))
+            .map(|node_id| RunRow {
+                id: random_id("r"),
+                set_id: set_id.clone(),
+                node_id,
+                state: RunState::Waiting,
+                workload: Workload::Program(digest.clone()),
+                options: request.options.clone(),
+                created_ms: now,
+                updated_ms: now,
+                accepted: false,
+                report: None,
+                error: None,
+                events: Vec::new(),
+                raw_command: request.raw_command.clone(),
+            })
+            .collect();
+        self.store.create_set(&set_id, &runs)?;
+        self.live.poke();
+        Ok(SetView {
+            set_id,
+            program: digest.to_string(),
+            runs: runs.into_iter().map(|r| r.id).collect(),
+        })
+    }
+
+    /// The rows of a set, or the one row of a run.
+    pub fn status(
+        &self,
+        set: Option<&str>,
+        run: Option<&str>,
+    ) -> Result<Vec<RunView>, CoordinatorError> {
+        let rows = match (set, run) {
+            (Some(set), _) => self.store.set_runs(set)?.ok_or_else(|| {
+                CoordinatorError::Request(format!("no set {set}: it never existed or was pruned"))
+            })?,
+            (None, Some(run)) => vec![self.known_run(run)?],
+            (None, None) => {
+                return Err(CoordinatorError::Request(
+                    "pass --set ID or --run ID".into(),
+                ));
+            }
+        };
+        Ok(rows.into_iter().map(RunView::from).collect())
+    }
+
+    /// Fetches a file from a run's folder through its node's live session.
+    pub async fn collect(&self, run: &str, path: &str) -> Result<Collected, CoordinatorError> {
+        let row = self.known_run(run)?;
+        let command = Command::Collect {
+            run_id: run.to_string(),
+            path: path.to_string(),
+        };
+        match self.call_node(&row, "collect", command).await? {
+            Reply::Collected {
+                digest,
+                content_b64,
+            } => Ok(Collected {
+                digest,
+                content_b64,
+            }),
+            other => Err(unexpected(&row, "collect", &other)),
+        }
+    }
+
+    /// Stops a run through its node's live session. The node answers once the run ended; the
+    /// row follows with the run's final event, its record saying it was stopped.
+    pub async fn stop(&self, run: &str) -> Result<(), CoordinatorError> {
+        let row = self.known_run(run)?;
+        if row.state.is_final() {
+            return Err(CoordinatorError::Request(format!(
+                "run {run} already ended ({}): there is nothing to stop",
+                row.state
+            )));
+        }
+        if !row.accepted {
+            return Err(CoordinatorError::Request(format!(
+                "run {run} has not reached node {} yet: stop it once `status` shows it starting or running",
+                row.node_id
+            )));
+        }
+        let command = Command::Stop {
+            run_id: run.to_string(),
+        };
+        match self.call_node(&row, "stop", command).await? {
+            Reply::Stopped { .. } => Ok(()),
+            other => Err(unexpected(&row, "stop", &other)),
+        }
+    }
+
+    fn known_run(&self, run: &str) -> Result<RunRow, CoordinatorError> {
+        self.store.run(run)?.ok_or_else(|| {
+            CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
+        })
+    }
+
+    /// Sends `command` to the node of `row` over its live session (`what` names the operator
+    /// command for the error when there is none) and returns the node's reply.
+    async fn call_node(
+        &self,
+        row: &RunRow,
+        what: &str,
+        command: Command,
+    ) -> Result<Reply, CoordinatorError> {
+        let link = self
+            .live
+            .sessions
+            .lock()
+            .expect("sessions")
+            .get(&row.node_id)
+            .map(|(_, tx)| tx.clone());
+        let Some(link) = link else {
+            return Err(CoordinatorError::Request(format!(
+                "node {} has no session now: {what} needs it connected to a serving coordinator",
+                row.node_id
+            )));
+        };
+        let (reply, answer) = oneshot::channel();
+        let gone = || {
+            CoordinatorError::Request(format!("node {} went away before answering", row.node_id))
+        };
+        link.send((command, reply)).await.map_err(|_| gone())?;
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+            .await
+            .map_err(|_| gone())?
+            .map_err(|_| gone())?;
+        answer.map_err(|refusal| CoordinatorError::Request(refusal.message))
+    }
+
+    /// Final-state sweep: runs nobody took within `waiting_timeout` fail; runs whose node lost
+    /// its lease (while this coordinator has been up long enough to know) are `lost`.
+    pub fn sweep(
+        &self,
+        waiting_timeout_ms: u64,
+        up_since_ms: u64,
+        lease_ms: u64,
+    ) -> Result<(), CoordinatorError> {
+        let now = now_ms();
+        let nodes: HashMap<String, u64> = self
+            .store
+            .nodes()?
+            .into_iter()
+            .map(|n| (n.id, n.lease_until_ms))
+            .collect();
+        for row in self.store.active_runs()? {
+            let lease_until = nodes.get(&row.node_id).copied().unwrap_or(0);
+            let verdict = if row.state == RunState::Waiting {
+                (now > row.created_ms + waiting_timeout_ms).then(|| {
+                    (
+                        RunState::Failed,
+                        format!(
+                            "node {} did not take the run within {} s",
+                            row.node_id,
+                            waiting_timeout_ms / 1000
+                        ),
+                    )
+                })
+            } else {
+                (now > lease_until && now > up_since_ms + lease_ms).then(|| {
+                    (
+                        RunState::Lost,
+                        format!(
+                            "node {} stopped answering while the run was {}",
+                            row.node_id, row.state
+                        ),
+                    )
+                })
+            };
+            if let Some((state, reason)) = verdict {
+                self.store.update_run(&row.id, &mut |r| {
+                    if !r.state.is_final() {
+                        r.state = state;
+                        r.error = Some(reason.clone());
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+}

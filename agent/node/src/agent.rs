@@ -1,0 +1,117 @@
+//! The agent's life: prepare the state folder, load or make the node key, join once (or resume
+//! the membership), forget the join secrets, then keep a session open.
+use crate::dial::DialError;
+use crate::facts::FactsSource;
+use crate::identity::{self, IdentityError, Membership};
+use crate::join::{self, JoinError};
+use crate::node::Node;
+use crate::runtime::ProcessRuntime;
+use crate::session::{self, SessionSettings};
+use fleet_proto::fsutil::now_ms;
+use fleet_proto::joinfile::{self, JoinFile, JoinFileError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const DEFAULT_STATE: &str = "/var/lib/octomy-agent";
+pub const DEFAULT_CLOUD_ROOT: &str = "/var/lib/cloud";
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub join_file: PathBuf,
+    pub state: PathBuf,
+    pub cloud_root: PathBuf,
+    pub facts: FactsSource,
+    pub session: SessionSettings,
+    /// The supervisor binary; None means the one shipped beside this executable.
+    pub supervisor: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    JoinFile(#[from] JoinFileError),
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    #[error(transparent)]
+    Session(#[from] DialError),
+    #[error("joined, but cannot remove a secret copy: {0}")]
+    Cleanup(std::io::Error),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+}
+
+pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentError> {
+    let started = Instant::now();
+    identity::prepare_state_dir(&config.state)?;
+    let identity = identity::load_or_create(&config.state)?;
+    let membership = match identity::load_membership(&config.state)? {
+        Some(m) => {
+            tracing::info!(node_id = %m.node_id, address = %m.address, "resuming the membership; no join needed");
+            m
+        }
+        None => {
+            let file = JoinFile::read(&config.join_file)?;
+            tracing::info!(address = %file.address, join_file = %config.join_file.display(), "joining");
+            let node_id = join::join(&identity, &file, config.session.retry_base).await?;
+            let membership = Membership {
+                node_id,
+                address: file.address.clone(),
+                coordinator_key: file.coordinator_key.clone(),
+                name: file.name.clone(),
+                joined_at_ms: now_ms(),
+            };
+            // Recorded before the secrets go: a crash in between retries the join, which the
+            // coordinator answers again for this key.
+            identity::save_membership(&config.state, &membership)?;
+            membership
+        }
+    };
+    let removed = joinfile::remove_secrets(&config.join_file, &config.cloud_root)
+        .map_err(AgentError::Cleanup)?;
+    for path in &removed {
+        tracing::info!(path = %path.display(), "removed a copy of the join secret");
+    }
+    tracing::info!(
+        node_id = %membership.node_id,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "Joined"
+    );
+    // Opened after the join: the join needs none of it, and a fresh machine reports sooner.
+    let node = Arc::new(open_node(&config)?);
+    Ok(session::run(
+        &identity,
+        &membership,
+        &config.facts,
+        &node,
+        &config.session,
+    )
+    .await?)
+}
+
+/// Opens the node's store and runtime, and re-adopts every run it knows: results missed while
+/// the agent was down are spooled now, a run whose supervisor died is spooled `lost`, once.
+fn open_node(config: &AgentConfig) -> Result<Node, AgentError> {
+    let run_store = config.facts.run_store.clone();
+    let runtime = match &config.supervisor {
+        Some(path) => ProcessRuntime::new(path, run_store),
+        None => ProcessRuntime::beside_current_exe(run_store)?,
+    }
+    .with_scratch(crate::node::scratch_dir(&config.state));
+    let node = Node::open(&config.state, Arc::new(runtime))?;
+    let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
+    if !report.events.is_empty() {
+        tracing::info!(
+            events = report.events.len(),
+            "re-adopted the runs; spooled what was missed"
+        );
+    }
+    Ok(node)
+}
+
+/// How long the agent waits before its first retry; doubles up to [`crate::backoff::CAP`].
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(250);

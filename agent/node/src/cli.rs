@@ -1,0 +1,47 @@
+//! The `fleet-agent` command line, apart from its handler.
+use clap::Parser;
+use fleet_agent::agent;
+use fleet_proto::logging::LogFormat;
+use fleet_proto::{duration, joinfile};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The machine's agent: joins with its join file once, then keeps a session open.
+#[derive(Parser, Clone)]
+#[command(
+    name = "fleet-agent",
+    version,
+    about = "The edge agent of a fleet of rented machines (the coordinator is fleet-coordinator)"
+)]
+pub struct AgentArgs {
+    /// Log as human-readable lines or as one JSON object per line
+    #[arg(long, value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+    /// Accepted for the seed bootstrap's form; the agent never has a UI
+    #[arg(long)]
+    pub head_less: bool,
+    /// The join file cloud-init wrote
+    #[arg(long, default_value = joinfile::DEFAULT_PATH)]
+    pub join_file: PathBuf,
+    /// The node's state folder: key and membership
+    #[arg(long, default_value = agent::DEFAULT_STATE)]
+    pub state: PathBuf,
+    /// The run store, whose free disk the facts report
+    #[arg(long, default_value = "/var/lib/octomy-runs")]
+    pub run_store: PathBuf,
+    /// cloud-init's folder, whose copies of the user data are removed after the join
+    #[arg(long, default_value = agent::DEFAULT_CLOUD_ROOT)]
+    pub cloud_root: PathBuf,
+    /// The tool that lists accelerators
+    #[arg(long, default_value = "nvidia-smi")]
+    pub accelerator_tool: PathBuf,
+    /// How long each session certificate is valid; renewed at two thirds
+    #[arg(long, default_value = "10m", value_parser = duration::parse)]
+    pub session_validity: Duration,
+    /// The run supervisor (default: fleet-run-supervisor beside this executable)
+    #[arg(long)]
+    pub supervisor: Option<PathBuf>,
+    /// The first wait before a retry; it doubles up to 30 s, with jitter
+    #[arg(long, default_value = "250ms", value_parser = duration::parse)]
+    pub retry_base: Duration,
+}

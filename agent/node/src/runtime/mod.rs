@@ -1,0 +1,106 @@
+//! The narrow interface between the agent and what runs programs: stage, start, stop, status,
+//! collect, list; [`ProcessRuntime`] drives `fleet-run-supervisor`, a container runtime plugs in beside it.
+//!
+//! The interface is blocking on purpose: each call is a short child process (or, later, a short
+//! HTTP call to a daemon). Async callers wrap calls in `tokio::task::spawn_blocking`, so the agent's
+//! loop never stalls on a slow disk, and runtimes stay free of any async runtime.
+
+mod error;
+mod process;
+mod watch;
+
+pub use error::RuntimeError;
+pub use fleet_proto::run::{Outcome, Resources, RunReport, RunState, Workload};
+pub use process::{DEFAULT_ROOT, ProcessRuntime, SUPERVISOR_NAME};
+pub use watch::{SyncReport, sync_runs};
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything needed to start one run: a staged program or an image, both by digest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSpec {
+    pub run_id: String,
+    pub workload: Workload,
+    /// Arguments after the program, as raw bytes (not necessarily UTF-8).
+    pub argv: Vec<OsString>,
+    pub timeout: Option<Duration>,
+    /// Time between the polite stop signal and the kill, when the runtime supports one.
+    pub grace: Option<Duration>,
+    /// Bytes kept per output stream.
+    pub output_limit: Option<u64>,
+    /// Environment added to the runtime's clean default, as `(NAME, VALUE)`.
+    pub env: Vec<(String, String)>,
+    /// Input files copied into the run before it starts, as `(NAME, FILE)`.
+    pub inputs: Vec<(String, PathBuf)>,
+    /// Limits and devices; a runtime refuses what it cannot enforce.
+    pub resources: Resources,
+}
+
+impl RunSpec {
+    /// A spec with only the required fields; the rest take the runtime's defaults.
+    pub fn new(run_id: impl Into<String>, workload: Workload) -> RunSpec {
+        RunSpec {
+            run_id: run_id.into(),
+            workload,
+            argv: Vec::new(),
+            timeout: None,
+            grace: None,
+            output_limit: None,
+            env: Vec::new(),
+            inputs: Vec::new(),
+            resources: Resources::default(),
+        }
+    }
+}
+
+/// What a start did: a redelivered start of a run that exists is harmless, not an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// This call launched the run.
+    New,
+    /// The run id was already claimed; nothing was launched.
+    Already,
+}
+
+/// One run as the runtime sees it now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStatus {
+    pub run_id: String,
+    pub state: RunState,
+    /// The typed outcome once there is one, why it failed, and the runtime's own record (for the
+    /// process runtime, the supervisor's status with `result.json`); sent on in the event.
+    pub report: RunReport,
+}
+
+/// A file collected out of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collected {
+    pub digest: fleet_proto::Digest,
+    pub size: u64,
+}
+
+/// The operations the agent needs from a runtime. Every method blocks; see the module docs.
+pub trait Runtime: Send + Sync {
+    /// Stages a program file by digest and returns the digest.
+    fn stage(&self, file: &std::path::Path) -> Result<fleet_proto::Digest, RuntimeError>;
+    /// Starts a run detached from the caller, so it outlives an agent restart.
+    fn start(&self, spec: &RunSpec) -> Result<Started, RuntimeError>;
+    /// Stops a run the way its timeout would (polite signal, then a kill after its grace) and
+    /// returns once it has ended; stopping a run that already ended changes nothing.
+    fn stop(&self, run_id: &str) -> Result<(), RuntimeError>;
+    /// The run's current state.
+    fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError>;
+    /// Streams a file of the run's folder into `sink`, refusing one over `max_bytes` before any
+    /// byte is written, and returns its digest and size.
+    fn collect(
+        &self,
+        run_id: &str,
+        path: &str,
+        max_bytes: u64,
+        sink: &mut dyn std::io::Write,
+    ) -> Result<Collected, RuntimeError>;
+    /// Every run the runtime holds.
+    fn list(&self) -> Result<Vec<RunStatus>, RuntimeError>;
+}

@@ -1,0 +1,444 @@
+//! [`ProcessRuntime`]: runs programs through the `fleet-run-supervisor` command line, one short
+//! child process per call, so runs are detached from the agent and survive its restarts.
+use super::{
+    Collected, Outcome, RunReport, RunSpec, RunState, RunStatus, Runtime, RuntimeError, Started,
+    Workload,
+};
+use fleet_proto::Digest;
+use fleet_proto::run::OutputEnd;
+use run_store::Refusal;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The supervisor's file name, shipped beside `fleet-agent`.
+pub const SUPERVISOR_NAME: &str = "fleet-run-supervisor";
+/// The run store used when none is given (the run store's own default).
+pub use run_store::layout::DEFAULT_ROOT;
+
+/// Drives `fleet-run-supervisor --root ROOT ...`.
+#[derive(Debug, Clone)]
+pub struct ProcessRuntime {
+    supervisor: PathBuf,
+    root: PathBuf,
+    /// Where collected files wait before they are streamed on.
+    scratch: PathBuf,
+}
+
+impl ProcessRuntime {
+    /// A runtime using the supervisor at `supervisor` and the run store at `root`.
+    pub fn new(supervisor: impl Into<PathBuf>, root: impl Into<PathBuf>) -> ProcessRuntime {
+        ProcessRuntime {
+            supervisor: supervisor.into(),
+            root: root.into(),
+            scratch: std::env::temp_dir(),
+        }
+    }
+
+    /// Collected files pass through `dir` (the agent's own scratch folder) instead of the
+    /// system's temporary folder.
+    pub fn with_scratch(mut self, dir: impl Into<PathBuf>) -> ProcessRuntime {
+        self.scratch = dir.into();
+        self
+    }
+
+    /// A runtime using the supervisor shipped beside the running executable.
+    pub fn beside_current_exe(root: impl Into<PathBuf>) -> Result<ProcessRuntime, RuntimeError> {
+        let exe = std::env::current_exe().map_err(|e| RuntimeError::Spawn {
+            path: PathBuf::from(SUPERVISOR_NAME),
+            reason: format!(
+                "cannot find the agent's own executable: {}",
+                run_store::describe_io(&e)
+            ),
+        })?;
+        let dir = exe.parent().unwrap_or(Path::new("/"));
+        Ok(ProcessRuntime::new(dir.join(SUPERVISOR_NAME), root))
+    }
+
+    /// The supervisor binary this runtime runs.
+    pub fn supervisor(&self) -> &Path {
+        &self.supervisor
+    }
+
+    /// The run store this runtime uses.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The run store's reader: status and listing read the store's files in-process (the format
+    /// is the supervisor's library), saving a child process per run on every watch.
+    fn store(&self) -> run_store::Store {
+        run_store::Store::new(&self.root)
+    }
+
+    /// Runs one supervisor command to completion and returns its output, whatever its exit status.
+    fn call(&self, args: &[OsString]) -> Result<Output, RuntimeError> {
+        Command::new(&self.supervisor)
+            .arg("--root")
+            .arg(&self.root)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| RuntimeError::Spawn {
+                path: self.supervisor.clone(),
+                reason: run_store::describe_io(&e),
+            })
+    }
+
+    /// Like [`call`](Self::call), but a failure becomes the supervisor's refusal class (from its
+    /// exit status) and its one-line reason.
+    fn call_ok(&self, args: &[OsString]) -> Result<String, Failure> {
+        let out = self.call(args).map_err(Failure::Runtime)?;
+        match Refusal::from_code(out.status.code()) {
+            None => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            Some(class) => Err(Failure::Said {
+                class,
+                reason: reason(&out),
+            }),
+        }
+    }
+}
+
+/// A failed supervisor call: either it could not run, or it ran and refused.
+///
+/// The supervisor exits with a distinct status per refusal class (`run_store::exit`, documented
+/// in docs/supervisor.md), so the class comes from the status and the wording stays free for
+/// people; `tests/it/agent_runtime.rs` pins each mapping against the real binary.
+enum Failure {
+    Runtime(RuntimeError),
+    Said { class: Refusal, reason: String },
+}
+
+impl Failure {
+    /// Turns a refusal for `run_id` into the matching per-run error.
+    fn for_run(self, run_id: &str) -> RuntimeError {
+        let (class, reason) = match self {
+            Failure::Runtime(e) => return e,
+            Failure::Said { class, reason } => (class, reason),
+        };
+        let run_id = run_id.to_string();
+        match class {
+            Refusal::DiskFull => RuntimeError::NoSpace {
+                run_id,
+                detail: reason,
+            },
+            Refusal::UnknownRun => RuntimeError::UnknownRun { run_id },
+            _ => RuntimeError::Refused { run_id, reason },
+        }
+    }
+
+    fn for_task(self, what: &str) -> RuntimeError {
+        match self {
+            Failure::Runtime(e) => e,
+            Failure::Said { reason, .. } => RuntimeError::Failed {
+                what: what.to_string(),
+                reason,
+            },
+        }
+    }
+}
+
+/// The supervisor's reason for a failure: the last line it wrote to stderr, without its name.
+fn reason(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    let line = line
+        .strip_prefix(SUPERVISOR_NAME)
+        .map(|l| l.trim_start_matches(':').trim_start())
+        .unwrap_or(line);
+    let line = line
+        .strip_prefix("error:")
+        .map(str::trim_start)
+        .unwrap_or(line);
+    if line.is_empty() {
+        format!("the supervisor exited with {} and said nothing", out.status)
+    } else {
+        line.to_string()
+    }
+}
+
+impl Runtime for ProcessRuntime {
+    fn stage(&self, file: &Path) -> Result<Digest, RuntimeError> {
+        let out = self
+            .call_ok(&["stage".into(), file.into()])
+            .map_err(|f| f.for_task(&format!("staging {}", file.display())))?;
+        digest_line(&out, "stage")
+    }
+
+    fn start(&self, spec: &RunSpec) -> Result<Started, RuntimeError> {
+        let unsupported = |what: &str, hint| RuntimeError::Unsupported {
+            run_id: spec.run_id.clone(),
+            what: what.to_string(),
+            runtime: "process",
+            hint,
+        };
+        let program = match &spec.workload {
+            Workload::Program(digest) => digest,
+            Workload::Image(_) => {
+                return Err(unsupported(
+                    "an image",
+                    "run images on a node with the container runtime",
+                ));
+            }
+        };
+        if !spec.resources.is_default() {
+            return Err(unsupported(
+                "a CPU, memory or GPU request",
+                "the supervisor enforces only the timeout and output limit; run it as an image",
+            ));
+        }
+        let mut args: Vec<OsString> = vec![
+            "start".into(),
+            "--run".into(),
+            spec.run_id.clone().into(),
+            "--program".into(),
+            program.to_string().into(),
+        ];
+        if let Some(t) = spec.timeout {
+            args.extend(["--timeout".into(), seconds(t).into()]);
+        }
+        if let Some(g) = spec.grace {
+            args.extend(["--grace".into(), seconds(g).into()]);
+        }
+        if let Some(b) = spec.output_limit {
+            args.extend(["--output-limit".into(), b.to_string().into()]);
+        }
+        for (k, v) in &spec.env {
+            args.extend(["--env".into(), format!("{k}={v}").into()]);
+        }
+        for (name, file) in &spec.inputs {
+            let mut pair = OsString::from(format!("{name}="));
+            pair.push(file);
+            args.extend(["--input".into(), pair]);
+        }
+        args.push("--".into());
+        args.extend(spec.argv.iter().cloned());
+        match self.call_ok(&args) {
+            Ok(_) => Ok(Started::New),
+            // The supervisor's run-id claim: this start (or a redelivery of it) already happened.
+            Err(Failure::Said {
+                class: Refusal::RunExists,
+                ..
+            }) => Ok(Started::Already),
+            Err(Failure::Said {
+                class: Refusal::NotStaged,
+                ..
+            }) => Err(RuntimeError::UnknownProgram {
+                run_id: spec.run_id.clone(),
+                program: program.to_string(),
+            }),
+            Err(f) => Err(f.for_run(&spec.run_id)),
+        }
+    }
+
+    fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
+        self.call_ok(&["stop".into(), "--run".into(), run_id.into()])
+            .map(drop)
+            .map_err(|f| f.for_run(run_id))
+    }
+
+    fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
+        let id = run_store::RunId::parse(run_id).map_err(|e| RuntimeError::Refused {
+            run_id: run_id.to_string(),
+            reason: e.to_string(),
+        })?;
+        match self.store().status(&id) {
+            Ok(status) => Ok(convert(status)),
+            Err(run_store::Error::UnknownRun { .. }) => Err(RuntimeError::UnknownRun {
+                run_id: run_id.to_string(),
+            }),
+            Err(e) => Err(RuntimeError::Refused {
+                run_id: run_id.to_string(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    fn collect(
+        &self,
+        run_id: &str,
+        path: &str,
+        max_bytes: u64,
+        sink: &mut dyn std::io::Write,
+    ) -> Result<Collected, RuntimeError> {
+        // The supervisor copies the file out without following links; it lands in a private
+        // temporary file that is streamed on and then removed.
+        let out = self.scratch.join(format!(
+            ".collect-{}-{}",
+            std::process::id(),
+            COLLECTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _remove = RemoveOnDrop(&out);
+        std::fs::create_dir_all(&self.scratch).map_err(|e| RuntimeError::Refused {
+            run_id: run_id.to_string(),
+            reason: format!("cannot create {}: {e}", self.scratch.display()),
+        })?;
+        let digest = self.collect_to(run_id, path, &out)?;
+        let failed = |e: std::io::Error| RuntimeError::Refused {
+            run_id: run_id.to_string(),
+            reason: format!("cannot send the collected {path}: {e}"),
+        };
+        let mut file = std::fs::File::open(&out).map_err(failed)?;
+        let size = file.metadata().map_err(failed)?.len();
+        if size > max_bytes {
+            return Err(RuntimeError::TooLarge {
+                run_id: run_id.to_string(),
+                path: path.to_string(),
+                size,
+                limit: max_bytes,
+            });
+        }
+        std::io::copy(&mut file, sink).map_err(failed)?;
+        Ok(Collected { digest, size })
+    }
+
+    fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
+        let runs = self.store().list().map_err(|e| RuntimeError::Failed {
+            what: "listing runs".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(runs.into_iter().map(convert).collect())
+    }
+}
+
+static COLLECTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
+impl ProcessRuntime {
+    /// `fleet-run-supervisor collect` into `out`; returns the digest it printed.
+    fn collect_to(&self, run_id: &str, path: &str, out: &Path) -> Result<Digest, RuntimeError> {
+        let args: Vec<OsString> = vec![
+            "collect".into(),
+            "--run".into(),
+            run_id.into(),
+            "--path".into(),
+            path.into(),
+            "--out".into(),
+            out.into(),
+        ];
+        match self.call_ok(&args) {
+            Ok(stdout) => digest_line(&stdout, "collect"),
+            Err(Failure::Said {
+                class: Refusal::PathEscapes,
+                ..
+            }) => Err(RuntimeError::PathEscapes {
+                run_id: run_id.to_string(),
+                path: path.to_string(),
+            }),
+            // A full disk here is the one `--out` is on, not the run store's.
+            Err(Failure::Said {
+                class: Refusal::DiskFull,
+                reason,
+            }) => Err(RuntimeError::Refused {
+                run_id: run_id.to_string(),
+                reason,
+            }),
+            Err(f) => Err(f.for_run(run_id)),
+        }
+    }
+}
+
+/// The run store's state as the protocol's.
+fn state_of(state: run_store::State) -> RunState {
+    {
+        match state {
+            run_store::State::Starting => RunState::Starting,
+            run_store::State::Running => RunState::Running,
+            run_store::State::Finished => RunState::Finished,
+            run_store::State::Failed => RunState::Failed,
+            run_store::State::Lost => RunState::Lost,
+        }
+    }
+}
+
+/// The run store's view of a run: the typed outcome and failure from `result.json`, and the
+/// supervisor's records as the opaque detail.
+fn convert(status: run_store::RunStatus) -> RunStatus {
+    let detail = serde_json::json!({
+        "run": status.id.as_str(),
+        "state": status.state.as_str(),
+        "owner": status.owner,
+        "result": status.result,
+    });
+    let result = status.result.as_ref();
+    let error = match (status.state, result) {
+        (_, Some(r)) => r
+            .failure
+            .as_ref()
+            .map(|f| format!("{}: {}", f.step.as_str(), f.reason)),
+        (run_store::State::Lost, None) => {
+            Some("the supervisor died before recording how the run ended".into())
+        }
+        _ => None,
+    };
+    RunStatus {
+        run_id: status.id.to_string(),
+        state: state_of(status.state),
+        report: RunReport {
+            outcome: result.map(outcome),
+            error,
+            detail,
+        },
+    }
+}
+
+/// `result.json` read as the runtime-neutral outcome.
+fn outcome(r: &run_store::RunResult) -> Outcome {
+    let end = |s: &Option<run_store::StreamRecord>| {
+        s.as_ref().and_then(|s| {
+            Some(OutputEnd {
+                bytes: s.bytes,
+                kept: s.kept,
+                truncated: s.truncated,
+                sha256: Digest::parse(&s.sha256).ok()?,
+                last: s.last.clone(),
+            })
+        })
+    };
+    Outcome {
+        exit_code: r.exit_code,
+        signal: r.signal,
+        timed_out: r.timed_out,
+        stopped: r.stopped,
+        // Neither cgroup v1 nor a process group tells the supervisor why the kernel killed a program.
+        oom_killed: None,
+        stdout: end(&r.stdout),
+        stderr: end(&r.stderr),
+        started_at: Some(r.started.clone()),
+        ended_at: Some(r.ended.clone()),
+    }
+}
+
+/// The `sha256:HEX` line a command prints on success.
+fn digest_line(stdout: &str, what: &str) -> Result<Digest, RuntimeError> {
+    let line = stdout.trim();
+    Digest::parse(line).map_err(|_| protocol(what, format!("expected sha256:HEX, got {line:?}")))
+}
+
+fn protocol(what: &str, reason: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Protocol {
+        what: what.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// A duration as the supervisor's seconds argument, keeping sub-second precision.
+fn seconds(d: std::time::Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        d.as_secs().to_string()
+    } else {
+        format!("{}", d.as_secs_f64())
+    }
+}

@@ -1,0 +1,47 @@
+//! Re-adoption and watching: compares every known, unfinished run with the runtime and spools one
+//! event per transition, recording the new state in the same transaction as the event.
+//!
+//! Because the record and its event commit together, a crash at any point either spooled the
+//! transition (and the next sync sees nothing new) or did not (and the next sync spools it): each
+//! transition reaches the spool exactly once. The same function serves the agent's start
+//! (re-adoption) and its periodic poll.
+use super::{RunReport, RunState, Runtime, RuntimeError};
+use crate::state::{Event, StateError, Store};
+
+/// What one sync did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    /// The events spooled by this sync, oldest first.
+    pub events: Vec<Event>,
+    /// Runs whose status could not be read this time; they are retried on the next sync.
+    pub errors: Vec<RuntimeError>,
+}
+
+/// Brings the spool up to date with the runtime for every run not yet in a final state.
+///
+/// A run the runtime does not hold is `lost` once it was seen `running` (its folder is gone);
+/// while still `starting` its launch may yet come (a redelivered start), so it is left alone.
+/// Blocking: call it from `tokio::task::spawn_blocking`.
+pub fn sync_runs(store: &Store, runtime: &dyn Runtime) -> Result<SyncReport, StateError> {
+    let mut report = SyncReport::default();
+    // Only unfinished runs are asked about, so the cost follows the runs in flight, not the
+    // thousand finished ones the run store keeps.
+    for record in store.active_runs()? {
+        let (state, run_report) = match runtime.status(&record.run_id) {
+            Ok(status) => (status.state, status.report),
+            Err(RuntimeError::UnknownRun { .. }) if record.state == RunState::Starting => continue,
+            Err(RuntimeError::UnknownRun { .. }) => (
+                RunState::Lost,
+                RunReport::error("the run store no longer holds this run"),
+            ),
+            Err(e) => {
+                report.errors.push(e);
+                continue;
+            }
+        };
+        if let Some(event) = store.transition(&record.run_id, state, run_report)? {
+            report.events.push(event);
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,437 @@
+//! The agent's session: an authenticated connection from the node key, facts on open, heartbeats
+//! at the coordinator's interval, commands answered from the node, spooled events replayed and
+//! sent as they happen, a fresh credential before the current one lapses, and reconnection with
+//! capped backoff and jitter, logged every time.
+use crate::backoff::Backoff;
+use crate::dial::{self, DialError};
+use crate::facts::FactsSource;
+use crate::identity::{Identity, Membership};
+use crate::node::Node;
+use fleet_proto::pin;
+use fleet_proto::protocol::{
+    self, Answer, Command, Down, FrameError, Refusal, RefusalClass, Reply, Up,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWrite;
+use tokio::task::JoinSet;
+
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
+/// Events sent per batch when replaying the spool.
+const EVENT_BATCH: usize = 256;
+/// Starts executed at once.
+const MAX_STARTING: usize = 4;
+/// Commands executed at once, starts included.
+const MAX_WORKING: usize = 16;
+
+/// A command that ran beside the loop: its op, its answer, and the run it started, if a start.
+type Done = (String, Answer, Option<String>);
+
+/// The commands running beside the session loop.
+#[derive(Default)]
+struct Working {
+    tasks: JoinSet<Done>,
+    /// Runs whose start is in flight.
+    starting: std::collections::HashSet<String>,
+}
+
+impl Working {
+    fn starts_in_flight(&self) -> usize {
+        self.starting.len()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    /// How long each session certificate is valid; a new one is minted at two thirds of it.
+    pub validity: Duration,
+    pub retry_base: Duration,
+}
+
+/// Why one session ended.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("the credential is due for renewal")]
+    Renew,
+    #[error(transparent)]
+    Dial(DialError),
+    #[error(
+        "the coordinator closed the session (it does not know this node, or its credential lapsed)"
+    )]
+    Refused,
+    #[error("the coordinator closed the session")]
+    Closed,
+    #[error("the session failed: {0}")]
+    Frame(#[from] FrameError),
+    #[error("no welcome from the coordinator within {} s", WELCOME_TIMEOUT.as_secs())]
+    NoWelcome,
+    #[error("the node store failed: {0}")]
+    Store(String),
+}
+
+/// Keeps a session open for as long as the process lives; returns only on a fatal error.
+pub async fn run(
+    identity: &Identity,
+    membership: &Membership,
+    facts: &FactsSource,
+    node: &Arc<Node>,
+    settings: &SessionSettings,
+) -> Result<std::convert::Infallible, DialError> {
+    let pinned = pin::parse_key_text(&membership.coordinator_key).unwrap_or_default();
+    let mut backoff = Backoff::new(settings.retry_base);
+    loop {
+        let session = Session {
+            identity,
+            membership,
+            pinned: &pinned,
+            facts,
+            node,
+            settings,
+        };
+        match session.run(&mut backoff).await {
+            Ended::Renew => tracing::info!("session credential renewed"),
+            Ended::Dial(e) if e.is_fatal() => return Err(e),
+            ended => {
+                let delay = backoff.next_delay();
+                tracing::warn!(
+                    address = %membership.address,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "session lost: {ended}; reconnecting"
+                );
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+struct Session<'a> {
+    identity: &'a Identity,
+    membership: &'a Membership,
+    pinned: &'a [u8],
+    facts: &'a FactsSource,
+    node: &'a Arc<Node>,
+    settings: &'a SessionSettings,
+}
+
+impl Session<'_> {
+    async fn run(&self, backoff: &mut Backoff) -> Ended {
+        let started = tokio::time::Instant::now();
+        let mut dialed = match dial::dial(
+            &self.membership.address,
+            self.identity,
+            self.pinned,
+            self.settings.validity,
+        )
+        .await
+        {
+            Ok(d) => d,
+            Err(e) => return Ended::Dial(e),
+        };
+        let stream = &mut dialed.stream;
+        let hello = Up::Hello {
+            node_id: self.membership.node_id.clone(),
+        };
+        if let Err(e) = protocol::write_msg(stream, &hello).await {
+            return e.into();
+        }
+        let welcome = match tokio::time::timeout(
+            WELCOME_TIMEOUT,
+            protocol::read_msg::<_, Down>(stream),
+        )
+        .await
+        {
+            Err(_) => return Ended::NoWelcome,
+            Ok(Err(_) | Ok(None)) => return Ended::Refused,
+            Ok(Ok(Some(msg))) => msg,
+        };
+        let Down::Welcome {
+            generation,
+            heartbeat_ms,
+            ..
+        } = welcome
+        else {
+            return Ended::Refused;
+        };
+        let node = self.node.clone();
+        if let Err(e) = blocking(move || node.store.check_generation(generation)).await {
+            return Ended::Store(e);
+        }
+        backoff.reset();
+        tracing::info!(generation, node_id = %self.membership.node_id, "session open");
+        let (reader, mut writer) = tokio::io::split(dialed.stream);
+        // A reader task of its own: a read cancelled halfway through a frame would lose it.
+        let (tx, mut inbox) = tokio::sync::mpsc::channel::<Inbound>(64);
+        let reading = tokio::spawn(async move {
+            let mut reader = reader;
+            loop {
+                let msg = protocol::read_msg::<_, serde_json::Value>(&mut reader).await;
+                let end = !matches!(msg, Ok(Some(_)));
+                let msg = msg.map(|m| m.map(parse_down));
+                if tx.send(msg).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let ended = self
+            .serve(&mut writer, &mut inbox, generation, heartbeat_ms, started)
+            .await;
+        reading.abort();
+        ended
+    }
+
+    async fn serve<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        inbox: &mut tokio::sync::mpsc::Receiver<Inbound>,
+        generation: u64,
+        heartbeat_ms: u64,
+        started: tokio::time::Instant,
+    ) -> Ended {
+        let facts = Up::Facts {
+            facts: self.facts.collect().await,
+        };
+        if let Err(e) = protocol::write_msg(writer, &facts).await {
+            return e.into();
+        }
+        // Everything not yet acked is sent again: the coordinator dedupes by id.
+        let mut sent_up_to = 0;
+        if let Err(ended) = self.send_events(writer, &mut sent_up_to).await {
+            return ended;
+        }
+        let renew_at = started + self.settings.validity.mul_f64(2.0 / 3.0);
+        let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(50)));
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        heartbeat.tick().await;
+        // Commands run beside the loop, so heartbeats go on while a stop waits out its grace.
+        // Starts run side by side (their supervisors spawn while the store syncs); a command
+        // about a run waits for that run's start, so it never overtakes the start it follows.
+        let mut working = Working::default();
+        loop {
+            tokio::select! {
+                Some(done) = working.tasks.join_next(), if !working.tasks.is_empty() => {
+                    if let Err(ended) = self.answer(writer, &mut working, done, &mut sent_up_to).await {
+                        return ended;
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if let Err(e) = protocol::write_msg(writer, &Up::Heartbeat).await {
+                        return e.into();
+                    }
+                    if let Err(ended) = self.watch(writer, &mut sent_up_to).await {
+                        return ended;
+                    }
+                }
+                _ = tokio::time::sleep_until(renew_at) => return Ended::Renew,
+                msg = inbox.recv() => match msg {
+                    None | Some(Ok(None)) => return Ended::Closed,
+                    Some(Err(e)) => return e.into(),
+                    Some(Ok(Some(Err((op, reason))))) => {
+                        tracing::warn!(op, "a malformed command: {reason}");
+                        let answer = Err(Refusal::new(RefusalClass::Malformed, format!("a malformed command: {reason}")));
+                        if let Err(e) = protocol::write_msg(writer, &Up::Result { op, answer }).await {
+                            return e.into();
+                        }
+                    }
+                    Some(Ok(Some(Ok(Down::Command { op, generation: g, command })))) => {
+                        if let Err(ended) = self.dispatch(writer, &mut working, op, g, command, &mut sent_up_to).await {
+                            return ended;
+                        }
+                    }
+                    Some(Ok(Some(Ok(Down::Ack { up_to })))) => {
+                        let node = self.node.clone();
+                        if let Err(e) = blocking(move || node.store.ack_events(up_to)).await {
+                            return Ended::Store(e);
+                        }
+                    }
+                    Some(Ok(Some(Ok(other)))) => tracing::debug!(?other, generation, "ignoring an unexpected message"),
+                },
+            }
+        }
+    }
+
+    /// Starts one command: staging and facts in order, everything else beside the loop.
+    async fn dispatch<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        working: &mut Working,
+        op: String,
+        generation: u64,
+        command: Command,
+        sent_up_to: &mut u64,
+    ) -> Result<(), Ended> {
+        let run = match &command {
+            Command::Stage { .. } | Command::Facts => {
+                return self
+                    .command(writer, op, generation, command, sent_up_to)
+                    .await;
+            }
+            Command::Start(start) => {
+                while working.starts_in_flight() >= MAX_STARTING {
+                    self.answer_next(writer, working, sent_up_to).await?;
+                }
+                working.starting.insert(start.run_id.clone());
+                Some(start.run_id.clone())
+            }
+            Command::Stop { run_id }
+            | Command::Status { run_id }
+            | Command::Collect { run_id, .. } => {
+                while working.starting.contains(run_id) {
+                    self.answer_next(writer, working, sent_up_to).await?;
+                }
+                None
+            }
+        };
+        while working.tasks.len() >= MAX_WORKING {
+            self.answer_next(writer, working, sent_up_to).await?;
+        }
+        let node = self.node.clone();
+        working.tasks.spawn_blocking(move || {
+            let answer = node.execute(&op, generation, &command);
+            (op, answer, run)
+        });
+        Ok(())
+    }
+
+    async fn answer_next<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        working: &mut Working,
+        sent_up_to: &mut u64,
+    ) -> Result<(), Ended> {
+        match working.tasks.join_next().await {
+            Some(done) => self.answer(writer, working, done, sent_up_to).await,
+            // Nothing left running: a start that crashed is not in flight any more.
+            None => {
+                working.starting.clear();
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the answer of a command that ran beside the loop, then whatever events it spooled.
+    async fn answer<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        working: &mut Working,
+        done: Result<Done, tokio::task::JoinError>,
+        sent_up_to: &mut u64,
+    ) -> Result<(), Ended> {
+        match done {
+            Ok((op, answer, run)) => {
+                if let Some(run) = run {
+                    working.starting.remove(&run);
+                }
+                protocol::write_msg(writer, &Up::Result { op, answer }).await?
+            }
+            // Its op is not recorded, so the coordinator sends it again in the next session; the
+            // run id stays marked starting, so nothing about that run overtakes the redelivery.
+            Err(e) => tracing::error!("a command crashed: {e}"),
+        }
+        self.send_events(writer, sent_up_to).await
+    }
+
+    /// Runs one command and sends its answer, then whatever events it spooled.
+    async fn command<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        op: String,
+        generation: u64,
+        command: Command,
+        sent_up_to: &mut u64,
+    ) -> Result<(), Ended> {
+        let answer = if let Command::Facts = command {
+            let facts = self.facts.collect().await;
+            protocol::write_msg(writer, &Up::Facts { facts }).await?;
+            Ok(Reply::FactsSent)
+        } else {
+            let node = self.node.clone();
+            let op = op.clone();
+            tokio::task::spawn_blocking(move || node.execute(&op, generation, &command))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(Refusal::new(
+                        RefusalClass::Other,
+                        format!("the command crashed: {e}"),
+                    ))
+                })
+        };
+        protocol::write_msg(writer, &Up::Result { op, answer }).await?;
+        self.send_events(writer, sent_up_to).await
+    }
+
+    /// Brings the spool up to date with the runtime (re-adoption and watching), then sends.
+    async fn watch<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        sent_up_to: &mut u64,
+    ) -> Result<(), Ended> {
+        let node = self.node.clone();
+        let report =
+            blocking(move || crate::runtime::sync_runs(&node.store, node.runtime.as_ref()))
+                .await
+                .map_err(Ended::Store)?;
+        for e in report.errors {
+            tracing::warn!("cannot read a run's state: {e}");
+        }
+        self.send_events(writer, sent_up_to).await
+    }
+
+    async fn send_events<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        sent_up_to: &mut u64,
+    ) -> Result<(), Ended> {
+        loop {
+            let node = self.node.clone();
+            let after = *sent_up_to;
+            let events = blocking(move || node.store.pending_events(after, EVENT_BATCH))
+                .await
+                .map_err(Ended::Store)?;
+            let Some(last) = events.last().map(|e| e.id) else {
+                return Ok(());
+            };
+            for event in events {
+                protocol::write_msg(writer, &Up::Event { event }).await?;
+            }
+            *sent_up_to = last;
+        }
+    }
+}
+
+/// A message from the coordinator: a well-formed one, or the op id and reason of a malformed one
+/// (framing is intact, so the session goes on and the command gets an error answer).
+type Inbound = Result<Option<Result<Down, (String, String)>>, FrameError>;
+
+fn parse_down(value: serde_json::Value) -> Result<Down, (String, String)> {
+    let op = value
+        .get("op")
+        .and_then(|o| o.as_str())
+        .unwrap_or_default()
+        .to_string();
+    serde_json::from_value(value).map_err(|e| (op, e.to_string()))
+}
+
+/// Runs a blocking store call off the async thread; errors come back as one line.
+async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("a store task crashed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_command_keeps_its_op_id_for_the_error_answer() {
+        let bad = serde_json::json!({ "type": "command", "op": "op-7", "generation": 1, "command": { "kind": "launch_missiles" } });
+        let (op, reason) = parse_down(bad).unwrap_err();
+        assert_eq!(op, "op-7");
+        assert!(reason.contains("launch_missiles"), "{reason}");
+        let good = serde_json::json!({ "type": "ack", "up_to": 3 });
+        assert!(matches!(parse_down(good), Ok(Down::Ack { up_to: 3 })));
+    }
+}

@@ -1,0 +1,158 @@
+//! Run records: the runs this node knows and the last state it spooled for each, so every
+//! transition is spooled exactly once, across restarts.
+use super::{Event, StateError, Store, now_unix_ms};
+use fleet_proto::run::{RunReport, RunState, Workload};
+use redb::{ReadableTable, TableDefinition, WriteTransaction};
+
+/// run id -> JSON [`RunRecord`].
+const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+/// Order in which runs reached a final state, so the oldest final records are pruned first.
+const FINAL_ORDER: TableDefinition<u64, &str> = TableDefinition::new("final_order");
+const META_FINAL_SEQ: &str = "final_seq";
+
+/// How many final run records are kept, matching the run store's retention.
+pub const KEEP_FINAL_RUNS: u64 = 1_000;
+
+/// What the node knows about one run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    /// What the run executes.
+    pub workload: Workload,
+    /// The last state spooled for this run.
+    pub state: RunState,
+    /// When `state` was recorded, in milliseconds since the Unix epoch.
+    pub updated_unix_ms: u64,
+}
+
+impl Store {
+    /// Starts tracking a run in state `starting` and spools that event, both in one transaction;
+    /// call it before launching the run so a crash right after the launch still finds the record.
+    ///
+    /// Returns `None` when the run was already known (a redelivered start): nothing is spooled twice.
+    /// Telling a redelivery from a second command reusing the id is the caller's job (by operation id).
+    pub fn track_run(
+        &self,
+        run_id: &str,
+        workload: &Workload,
+    ) -> Result<Option<Event>, StateError> {
+        self.write(|tx| {
+            if self.get_run(tx, run_id)?.is_some() {
+                return Ok(None);
+            }
+            let record = RunRecord {
+                run_id: run_id.to_string(),
+                workload: workload.clone(),
+                state: RunState::Starting,
+                updated_unix_ms: now_unix_ms(),
+            };
+            self.put_run(tx, &record)?;
+            self.append_in(tx, run_id, RunState::Starting, RunReport::default())
+                .map(Some)
+        })
+    }
+
+    /// Moves a known run to `state` and spools the event, in one transaction.
+    ///
+    /// Only forward moves count (`starting` -> `running` -> a final state); a repeated, backward or
+    /// post-final observation changes nothing and returns `None`, so each transition is spooled once.
+    pub fn transition(
+        &self,
+        run_id: &str,
+        state: RunState,
+        report: RunReport,
+    ) -> Result<Option<Event>, StateError> {
+        self.write(|tx| {
+            let Some(mut record) = self.get_run(tx, run_id)? else {
+                return Err(StateError::UnknownRun {
+                    run_id: run_id.to_string(),
+                });
+            };
+            if !record.state.may_become(state) {
+                return Ok(None);
+            }
+            record.state = state;
+            record.updated_unix_ms = now_unix_ms();
+            self.put_run(tx, &record)?;
+            if state.is_final() {
+                self.remember_final(tx, run_id)?;
+            }
+            self.append_in(tx, run_id, state, report).map(Some)
+        })
+    }
+
+    /// The record of one run, if known.
+    pub fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StateError> {
+        self.read(|tx| {
+            let runs = match tx.open_table(RUNS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(self.fail(e)),
+            };
+            let bytes = runs.get(run_id).map_err(|e| self.fail(e))?;
+            bytes
+                .map(|b| {
+                    serde_json::from_slice(b.value()).map_err(|e| self.corrupt("run", run_id, e))
+                })
+                .transpose()
+        })
+    }
+
+    /// Every known run, in run-id order.
+    pub fn runs(&self) -> Result<Vec<RunRecord>, StateError> {
+        self.read(|tx| {
+            let runs = match tx.open_table(RUNS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(self.fail(e)),
+            };
+            let mut out = Vec::new();
+            for entry in runs.iter().map_err(|e| self.fail(e))? {
+                let (id, bytes) = entry.map_err(|e| self.fail(e))?;
+                let record = serde_json::from_slice(bytes.value())
+                    .map_err(|e| self.corrupt("run", id.value(), e))?;
+                out.push(record);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The known runs not yet in a final state: the ones to re-adopt and watch.
+    pub fn active_runs(&self) -> Result<Vec<RunRecord>, StateError> {
+        let mut runs = self.runs()?;
+        runs.retain(|r| !r.state.is_final());
+        Ok(runs)
+    }
+
+    fn get_run(
+        &self,
+        tx: &WriteTransaction,
+        run_id: &str,
+    ) -> Result<Option<RunRecord>, StateError> {
+        let runs = tx.open_table(RUNS).map_err(|e| self.fail(e))?;
+        let bytes = runs.get(run_id).map_err(|e| self.fail(e))?;
+        bytes
+            .map(|b| serde_json::from_slice(b.value()).map_err(|e| self.corrupt("run", run_id, e)))
+            .transpose()
+    }
+
+    fn put_run(&self, tx: &WriteTransaction, record: &RunRecord) -> Result<(), StateError> {
+        let bytes = serde_json::to_vec(record).expect("a run record serializes");
+        let mut runs = tx.open_table(RUNS).map_err(|e| self.fail(e))?;
+        runs.insert(record.run_id.as_str(), bytes.as_slice())
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    /// Notes a run as final and forgets the oldest final records beyond [`KEEP_FINAL_RUNS`].
+    fn remember_final(&self, tx: &WriteTransaction, run_id: &str) -> Result<(), StateError> {
+        self.remember_in_order(
+            tx,
+            FINAL_ORDER,
+            RUNS,
+            META_FINAL_SEQ,
+            run_id,
+            KEEP_FINAL_RUNS,
+        )
+    }
+}

@@ -1,0 +1,303 @@
+//! The node protocol's messages and their framing: a u32 big-endian length, then JSON, bounded.
+use crate::facts::Facts;
+use crate::joinfile::Secret;
+use crate::run::{Event, RunOptions, RunReport, RunState, Workload};
+use run_store::Digest;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The largest message either side accepts from an identified peer.
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// Agent to coordinator.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Up {
+    /// The first message of a join connection; the token travels only inside the pinned TLS session.
+    Join {
+        token: Secret,
+        name: Option<String>,
+        #[serde(default)]
+        labels: BTreeMap<String, String>,
+    },
+    /// The first message of a session connection.
+    Hello {
+        node_id: String,
+    },
+    Facts {
+        facts: Facts,
+    },
+    Heartbeat,
+    /// The answer to a command, recorded by the agent before it was sent.
+    Result {
+        op: String,
+        answer: Answer,
+    },
+    /// A run state change from the node's spool; the coordinator dedupes by `event.id`.
+    Event {
+        event: Event,
+    },
+}
+
+/// Coordinator to agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Down {
+    Joined {
+        node_id: String,
+    },
+    /// The session is open. `generation` is its fencing token: it grows with every session, and
+    /// anything stamped with an older one is refused.
+    Welcome {
+        generation: u64,
+        heartbeat_ms: u64,
+        lease_ms: u64,
+    },
+    /// Work for the node, with an operation id the node records before answering, and the
+    /// session's generation for fencing.
+    Command {
+        op: String,
+        generation: u64,
+        command: Command,
+    },
+    /// Every event with an id up to and including `up_to` is stored; the node may forget them.
+    Ack {
+        up_to: u64,
+    },
+}
+
+/// What the coordinator asks of a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Command {
+    /// Stage a program by digest, carrying its bytes.
+    Stage {
+        digest: Digest,
+        program_b64: String,
+    },
+    Start(StartRun),
+    Stop {
+        run_id: String,
+    },
+    Status {
+        run_id: String,
+    },
+    /// Read a file from a run's folder.
+    Collect {
+        run_id: String,
+        path: String,
+    },
+    Facts,
+}
+
+impl Command {
+    /// Whether answering twice would do something twice; only those are recorded as applied.
+    pub fn mutates(&self) -> bool {
+        matches!(
+            self,
+            Command::Stage { .. } | Command::Start(_) | Command::Stop { .. }
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StartRun {
+    pub run_id: String,
+    pub workload: Workload,
+    #[serde(flatten)]
+    pub options: RunOptions,
+}
+
+/// A command's answer: what the node did, or why it refused. Recorded by the node as it was sent.
+pub type Answer = Result<Reply, Refusal>;
+
+/// What a node did, one variant per command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    Staged {
+        digest: Digest,
+    },
+    Started {
+        run_id: String,
+        /// The run id was already claimed: nothing new was launched (a redelivery).
+        already: bool,
+    },
+    Stopped {
+        run_id: String,
+    },
+    Status {
+        run_id: String,
+        state: RunState,
+        report: RunReport,
+    },
+    Collected {
+        digest: Digest,
+        content_b64: String,
+    },
+    FactsSent,
+}
+
+/// Why a node refused a command: a class both sides match on, and one line for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub class: RefusalClass,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(class: RefusalClass, message: impl std::fmt::Display) -> Refusal {
+        Refusal {
+            class,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Refusals by class, so no side decides by wording. A class from a newer peer reads `other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalClass {
+    /// The command came from a session older than the node's newest.
+    Fenced,
+    /// The command did not parse.
+    Malformed,
+    /// The program was never staged, or its bytes did not match.
+    NotStaged,
+    /// The node has no run with that id.
+    UnknownRun,
+    /// The run id was used by another start.
+    RunIdTaken,
+    /// A path would leave the run's folder.
+    PathEscapes,
+    /// The disk is full.
+    NoSpace,
+    /// The node cannot do this (a resource limit or workload its runtime does not support).
+    Unsupported,
+    /// The node's own store failed.
+    Store,
+    /// The run could not start, or anything else; the message says why.
+    #[serde(other)]
+    Other,
+}
+
+/// Up to this many bytes the first frame of a connection may have, before its peer has proven
+/// which node it is: a join or a hello is a few hundred bytes.
+pub const MAX_UNIDENTIFIED_FRAME: usize = 16 << 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("a message of {size} bytes is over the {limit} byte limit")]
+    TooLarge { size: usize, limit: usize },
+    #[error("a malformed message: {0}")]
+    Malformed(String),
+}
+
+pub async fn write_msg<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    msg: &T,
+) -> Result<(), FrameError> {
+    let body = serde_json::to_vec(msg).expect("protocol messages serialize");
+    if body.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge {
+            size: body.len(),
+            limit: MAX_FRAME,
+        });
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// The next message, or None when the peer closed the connection cleanly between messages.
+pub async fn read_msg<R: AsyncRead + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+) -> Result<Option<T>, FrameError> {
+    read_msg_within(r, MAX_FRAME).await
+}
+
+/// Like [`read_msg`] with a smaller limit. Memory grows with the bytes that really arrive, never
+/// with the length a peer claims, so a peer that announces a large frame and stalls holds little.
+pub async fn read_msg_within<R: AsyncRead + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+    limit: usize,
+) -> Result<Option<T>, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let size = u32::from_be_bytes(len) as usize;
+    if size > limit {
+        return Err(FrameError::TooLarge { size, limit });
+    }
+    let mut body = Vec::with_capacity(size.min(64 << 10));
+    let got = r.take(size as u64).read_to_end(&mut body).await?;
+    if got < size {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_round_trip_typed() {
+        let refused: Answer = Err(Refusal::new(
+            RefusalClass::UnknownRun,
+            "run r1 is not known",
+        ));
+        let json = serde_json::to_value(&refused).unwrap();
+        assert_eq!(json["Err"]["class"], "unknown_run");
+        let back: Answer = serde_json::from_value(json).unwrap();
+        assert_eq!(back, refused);
+        let newer = serde_json::json!({ "Err": { "class": "from_the_future", "message": "m" } });
+        let back: Answer = serde_json::from_value(newer).unwrap();
+        assert_eq!(back.unwrap_err().class, RefusalClass::Other);
+    }
+
+    #[tokio::test]
+    async fn round_trip_and_limits() {
+        let mut buf = Vec::new();
+        write_msg(&mut buf, &Up::Heartbeat).await.unwrap();
+        let got: Up = read_msg(&mut buf.as_slice()).await.unwrap().unwrap();
+        assert!(matches!(got, Up::Heartbeat));
+        let none: Option<Up> = read_msg(&mut &[][..]).await.unwrap();
+        assert!(none.is_none());
+        let huge = ((MAX_FRAME + 1) as u32).to_be_bytes();
+        let err = read_msg::<_, Up>(&mut &huge[..]).await.unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { .. }));
+        let small = ((MAX_UNIDENTIFIED_FRAME + 1) as u32).to_be_bytes();
+        let err = read_msg_within::<_, Up>(&mut &small[..], MAX_UNIDENTIFIED_FRAME)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "a message of {} bytes is over the {MAX_UNIDENTIFIED_FRAME} byte limit",
+                MAX_UNIDENTIFIED_FRAME + 1
+            )
+        );
+        // A frame that claims more than arrives ends as a cut connection, not a huge buffer.
+        let mut short = 1000u32.to_be_bytes().to_vec();
+        short.extend_from_slice(b"{}");
+        assert!(matches!(
+            read_msg::<_, Up>(&mut short.as_slice()).await.unwrap_err(),
+            FrameError::Io(_)
+        ));
+    }
+}

@@ -1,0 +1,234 @@
+//! A run as both sides see it: its state, what it runs, how, and how it ended.
+//!
+//! One [`RunState`] goes from the node's store through the wire to the coordinator's rows and
+//! views; an [`Outcome`] is filled by whichever runtime ran the work and read by the coordinator
+//! without knowing which one did.
+use run_store::{Bytes, Digest};
+use serde::{Deserialize, Serialize};
+
+/// Where a run is in its life. `waiting` is the coordinator's alone (no node has taken it yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Waiting,
+    Starting,
+    Running,
+    Finished,
+    Failed,
+    Lost,
+}
+
+impl RunState {
+    /// Whether nothing can follow this state.
+    pub fn is_final(self) -> bool {
+        matches!(self, RunState::Finished | RunState::Failed | RunState::Lost)
+    }
+
+    /// Whether a run in `self` may move to `next`: only forward, and never out of a final state.
+    pub fn may_become(self, next: RunState) -> bool {
+        !self.is_final() && next.rank() > self.rank()
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            RunState::Waiting => 0,
+            RunState::Starting => 1,
+            RunState::Running => 2,
+            RunState::Finished | RunState::Failed | RunState::Lost => 3,
+        }
+    }
+
+    /// The lowercase name used on the wire, in stores and in tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Waiting => "waiting",
+            RunState::Starting => "starting",
+            RunState::Running => "running",
+            RunState::Finished => "finished",
+            RunState::Failed => "failed",
+            RunState::Lost => "lost",
+        }
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a run executes: a program staged on the node by its digest, or an image by digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    Program(Digest),
+    /// `HOST/REPO@sha256:HEX`: an image is named by its manifest digest, never by a tag.
+    Image(String),
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Workload::Program(digest) => write!(f, "program {digest}"),
+            Workload::Image(image) => write!(f, "image {image}"),
+        }
+    }
+}
+
+/// What a run may use beyond the defaults; a runtime that cannot enforce a limit refuses the run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    /// CPU time as thousandths of a core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Gpus::is_none")]
+    pub gpus: Gpus,
+}
+
+impl Resources {
+    pub fn is_default(&self) -> bool {
+        *self == Resources::default()
+    }
+}
+
+/// Which accelerators a run is given.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gpus {
+    #[default]
+    None,
+    All,
+    /// By index or UUID, as `nvidia-smi` lists them.
+    Ids(Vec<String>),
+}
+
+impl Gpus {
+    pub fn is_none(&self) -> bool {
+        *self == Gpus::None
+    }
+}
+
+/// How a run runs, the same from the operator's request through the coordinator's row to the
+/// node's start command (flattened into each, so the JSON keeps these fields at its top level).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunOptions {
+    /// Arguments after the program: any bytes, a JSON string when UTF-8, else `{"hex": ...}`.
+    #[serde(default)]
+    pub argv: Vec<Bytes>,
+    pub timeout_ms: Option<u64>,
+    pub output_limit: Option<u64>,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Input files as `(NAME, base64 content)`.
+    #[serde(default)]
+    pub inputs: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Resources::is_default")]
+    pub resources: Resources,
+}
+
+/// How a run ended, whichever runtime ran it. Fields a runtime cannot know stay `None`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The exit code when the program exited by itself.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// Its timeout ended it.
+    pub timed_out: bool,
+    /// An operator's stop ended it.
+    pub stopped: bool,
+    /// The kernel killed it for memory; `None` where the runtime cannot tell.
+    pub oom_killed: Option<bool>,
+    pub stdout: Option<OutputEnd>,
+    pub stderr: Option<OutputEnd>,
+    /// RFC 3339, by the node's clock.
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+}
+
+/// One output stream as it ended: everything written is counted and hashed, the end is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputEnd {
+    pub bytes: u64,
+    pub kept: u64,
+    pub truncated: bool,
+    pub sha256: Digest,
+    /// The last bytes written (up to 1 KiB).
+    pub last: Bytes,
+}
+
+/// What a state change carries: the outcome once there is one, the reason a run failed or was
+/// lost, and the runtime's own record, opaque to the coordinator.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
+}
+
+impl RunReport {
+    /// A report that only says why.
+    pub fn error(reason: impl Into<String>) -> RunReport {
+        RunReport {
+            error: Some(reason.into()),
+            ..RunReport::default()
+        }
+    }
+}
+
+/// One run state change, as the node spools it and sends it; the coordinator dedupes by `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Stable and monotonic across restarts; never reused, starting at 1.
+    pub id: u64,
+    pub run_id: String,
+    pub state: RunState,
+    #[serde(default)]
+    pub report: RunReport,
+    /// When the agent recorded it, in milliseconds since the Unix epoch (the node's clock).
+    pub at_unix_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_move_only_forward() {
+        use RunState::*;
+        assert!(Waiting.may_become(Starting));
+        assert!(Starting.may_become(Finished));
+        assert!(!Running.may_become(Starting));
+        assert!(!Finished.may_become(Lost));
+        assert!(!Lost.may_become(Finished));
+    }
+
+    #[test]
+    fn an_unknown_state_does_not_parse() {
+        let err = serde_json::from_str::<RunState>(r#""paused""#).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown variant `paused`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn argv_carries_any_bytes() {
+        let options = RunOptions {
+            argv: vec![Bytes(b"plain".to_vec()), Bytes(vec![0xff, 0x00])],
+            ..RunOptions::default()
+        };
+        let json = serde_json::to_value(&options).unwrap();
+        assert_eq!(
+            json["argv"],
+            serde_json::json!(["plain", { "hex": "ff00" }])
+        );
+        let back: RunOptions = serde_json::from_value(json).unwrap();
+        assert_eq!(back, options);
+    }
+}
