@@ -1,9 +1,11 @@
 //! The run store's on-disk format, shared with the agent: paths, run ids, digests, the
-//! `result.json` and `supervisor.json` schemas, and how a reader tells a run's state (lost included).
+//! `result.json` and `supervisor.json` schemas, how a reader tells a run's state (lost included),
+//! and the binary's command line (`cli`: built by the agent, parsed by the binary).
 //!
 //! This half spawns no process and links no async runtime, so the agent can depend on it.
 //! The `fleet-run-supervisor` binary (in `main.rs`) is the only writer of a run.
 pub mod atomic;
+pub mod cli;
 pub mod clock;
 pub mod digest;
 pub mod error;

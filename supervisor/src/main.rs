@@ -1,11 +1,12 @@
 //! `fleet-run-supervisor`: stages programs by digest, starts runs detached, and reads the store.
-mod args;
 mod commands;
 mod supervise;
 mod sys;
 
-use args::Command;
+use anyhow::anyhow;
 use run_store::Store;
+use run_store::cli::{Command, Invocation, USAGE};
+use std::path::PathBuf;
 
 fn main() {
     // Like any Unix tool, end quietly when a reader (`| head`) goes away.
@@ -25,13 +26,17 @@ fn main() {
 }
 
 fn run() -> anyhow::Result<i32> {
-    let cli = args::parse(std::env::args_os().skip(1))?;
-    let store = Store::new(cli.root);
+    let cli = Invocation::parse(std::env::args_os().skip(1))?;
+    if cli.command == Command::Help {
+        print!("{USAGE}");
+        return Ok(0);
+    }
+    let root = cli
+        .root
+        .unwrap_or_else(|| run_store::layout::DEFAULT_ROOT.into());
+    let store = Store::new(absolute_root(root)?);
     match cli.command {
-        Command::Help => {
-            print!("{}", args::USAGE);
-            Ok(0)
-        }
+        Command::Help => Ok(0), // printed above, before the root is resolved
         Command::Stage { file } => commands::stage::run(&store, &file).map(|()| 0),
         Command::Start(start) => commands::start::run(&store, start),
         Command::Status { run, json } => {
@@ -44,4 +49,13 @@ fn run() -> anyhow::Result<i32> {
         }
         Command::List { json } => commands::show::list(&store, json).map(|()| 0),
     }
+}
+
+/// The detached supervisor runs in `/` and the program in its run folder, so a relative
+/// `--root` is resolved once, here, against the caller's folder.
+fn absolute_root(root: PathBuf) -> anyhow::Result<PathBuf> {
+    std::path::absolute(&root).map_err(|e| {
+        let reason = run_store::describe_io(&e);
+        anyhow!("bad --root {root:?}: {reason}; give the store folder's path")
+    })
 }

@@ -1,10 +1,10 @@
 //! `start`: claims the run id, checks the program and inputs, then forks the detached
 //! supervisor and returns once the program was exec'd (or refused), printing the state.
 use super::{io_line, refuse};
-use crate::args::Start;
 use crate::supervise::{self, Plan, REPORT_OK};
 use crate::sys::{self, Forked};
 use anyhow::{Result, anyhow, bail};
+use run_store::cli::Start;
 use run_store::layout::{RESERVED_NAMES, STDOUT_FILE};
 use run_store::{Digest, Refusal, RunId, Step, Store, atomic, describe_io, lock};
 use std::ffi::OsString;
@@ -28,6 +28,11 @@ pub fn run(store: &Store, start: Start) -> Result<i32> {
 
     let dir = store.run_dir(&id);
     let program = store.program_path(&digest);
+    let (grace, output_limit, keep) = (
+        start.grace_or_default(),
+        start.output_limit_or_default(),
+        start.keep_or_default(),
+    );
     let argv = std::iter::once(program.clone().into_os_string())
         .chain(start.args)
         .collect();
@@ -39,9 +44,9 @@ pub fn run(store: &Store, start: Start) -> Result<i32> {
         program,
         argv,
         timeout: start.timeout,
-        grace: start.grace,
-        output_limit: start.output_limit,
-        keep: start.keep,
+        grace,
+        output_limit,
+        keep,
         use_cgroup: !start.no_cgroup,
         started,
         clock,
