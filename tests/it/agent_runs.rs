@@ -172,13 +172,13 @@ fn runs_with_arguments_and_a_timeout_then_collects_a_file() {
     );
     let row = serde_json::from_str::<Value>(&polled).unwrap()[0].clone();
     assert_eq!(row["state"], "finished", "{row:#}");
-    assert_eq!(row["exit_code"], 0);
+    assert_eq!(row["outcome"]["exit_code"], 0);
     assert_events_once(&row);
 
     let sleeper = script(&fleet.path("sleepy.sh"), "sleep 30");
     let slow = fleet.run(&sleeper, &["--timeout", "1s"], &[]);
     let row2 = fleet.wait_row(&slow, is_final);
-    assert_eq!(row2["timed_out"], true, "{row2:#}");
+    assert_eq!(row2["outcome"]["timed_out"], true, "{row2:#}");
 
     // The human table shows both rows.
     let table = testkit::ok(fleet.coord.command().args(["status", "--set", &set]));
@@ -220,7 +220,7 @@ fn runs_with_arguments_and_a_timeout_then_collects_a_file() {
     ]);
     // One line naming the run and the escape; the rest of the wording is the runtime's.
     assert!(
-        last.starts_with(&format!("fleet-agent: run {run}: "))
+        last.starts_with(&format!("fleet-coordinator: run {run}: "))
             && last.contains("leaves the run folder"),
         "{last}"
     );
@@ -232,11 +232,11 @@ fn runs_with_arguments_and_a_timeout_then_collects_a_file() {
             "--program",
             program.to_str().unwrap()
         ]),
-        "fleet-agent: no node matches nobody: see `fleet-agent coordinator nodes`"
+        "fleet-coordinator: no node matches nobody: see `fleet-coordinator nodes`"
     );
     assert_eq!(
         fleet.coord.refusal(&["status", "--set", "s-000000000000"]),
-        "fleet-agent: no set s-000000000000: it never existed or was pruned"
+        "fleet-coordinator: no set s-000000000000: it never existed or was pruned"
     );
     let again = testkit::ok(
         fleet
@@ -309,7 +309,7 @@ fn a_stopped_run_ends_finished_and_says_it_was_stopped() {
     // Well before the program's own 60 s: the stop ended it, not the program.
     assert!(begun.elapsed() < Duration::from_secs(20), "{row:#}");
     assert_eq!(row["state"], "finished", "{row:#}");
-    assert_eq!(row["stopped"], true, "{row:#}");
+    assert_eq!(row["outcome"]["stopped"], true, "{row:#}");
     assert_events_once(&row);
     assert!(
         processes_with(&[&token]).is_empty(),
@@ -319,11 +319,11 @@ fn a_stopped_run_ends_finished_and_says_it_was_stopped() {
     assert!(table.contains(" stopped "), "{table}");
     assert_eq!(
         fleet.coord.refusal(&["stop", "--run", &run]),
-        format!("fleet-agent: run {run} already ended (finished): there is nothing to stop")
+        format!("fleet-coordinator: run {run} already ended (finished): there is nothing to stop")
     );
     assert_eq!(
         fleet.coord.refusal(&["stop", "--run", "r-000000000000"]),
-        "fleet-agent: no run r-000000000000: it never existed or was pruned"
+        "fleet-coordinator: no run r-000000000000: it never existed or was pruned"
     );
 }
 
@@ -427,9 +427,10 @@ impl Lcg {
 /// The node's command handling with the real store and the real supervisor, command by command.
 mod node_commands {
     use fleet_agent::node::Node;
-    use fleet_agent::protocol::{Command, RunOptions, StartRun};
     use fleet_agent::runtime::ProcessRuntime;
-    use serde_json::Value;
+    use fleet_proto::protocol::{Answer, Command, RefusalClass, Reply, StartRun};
+    use fleet_proto::run::{RunOptions, Workload};
+    use fleet_proto::{Bytes, Digest};
     use std::sync::Arc;
 
     fn node(dir: &std::path::Path) -> Node {
@@ -437,21 +438,21 @@ mod node_commands {
         Node::open(&dir.join("state"), Arc::new(runtime)).unwrap()
     }
 
-    fn start(run_id: &str, program: &str) -> Command {
+    fn start(run_id: &str, program: &Digest) -> Command {
         Command::Start(StartRun {
             run_id: run_id.into(),
-            program: program.into(),
+            workload: Workload::Program(program.clone()),
             options: RunOptions {
-                argv: vec!["x".into()],
+                argv: vec![Bytes(b"x".to_vec())],
                 timeout_ms: Some(10_000),
                 ..RunOptions::default()
             },
         })
     }
 
-    fn stage(bytes: &[u8]) -> (String, Command) {
+    fn stage(bytes: &[u8]) -> (Digest, Command) {
         use base64::Engine;
-        let digest = format!("sha256:{}", sha256_hex(bytes));
+        let digest = Digest::parse(&format!("sha256:{}", sha256_hex(bytes))).unwrap();
         let command = Command::Stage {
             digest: digest.clone(),
             program_b64: base64::engine::general_purpose::STANDARD.encode(bytes),
@@ -467,10 +468,11 @@ mod node_commands {
         out.split_whitespace().next().unwrap().to_string()
     }
 
-    fn error(v: &Value) -> &str {
-        v["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("not an error: {v}"))
+    fn error(answer: &Answer) -> &str {
+        match answer {
+            Err(refusal) => &refusal.message,
+            Ok(reply) => panic!("not a refusal: {reply:?}"),
+        }
     }
 
     #[test]
@@ -481,12 +483,20 @@ mod node_commands {
         let program = format!("#!/bin/sh\necho run >> {}\n", counter.display());
         let (digest, stage_cmd) = stage(program.as_bytes());
         assert_eq!(
-            node.execute("stage-1", 1, &stage_cmd)["ok"]["staged"],
-            digest.as_str()
+            node.execute("stage-1", 1, &stage_cmd),
+            Ok(Reply::Staged {
+                digest: digest.clone()
+            })
         );
 
         let first = node.execute("start-a", 1, &start("r-a", &digest));
-        assert_eq!(first["ok"]["started"], "r-a");
+        assert_eq!(
+            first,
+            Ok(Reply::Started {
+                run_id: "r-a".into(),
+                already: false
+            })
+        );
         // Redelivered: the same answer, from the record; nothing launched again.
         assert_eq!(node.execute("start-a", 1, &start("r-a", &digest)), first);
         // Another operation reusing the run id is a duplicate.
@@ -495,13 +505,14 @@ mod node_commands {
             "run r-a: the run id is already used on this node; start it under a new run id"
         );
         // An unknown program digest.
-        let unknown = format!("sha256:{}", "0".repeat(64));
+        let unknown = Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap();
         // The wording past this prefix is the runtime's and the supervisor's.
         let unstaged = node.execute("start-c", 1, &start("r-c", &unknown));
         assert!(
             error(&unstaged).starts_with(&format!("run r-c: program {unknown} is not staged")),
-            "{unstaged}"
+            "{unstaged:?}"
         );
+        assert_eq!(unstaged.unwrap_err().class, RefusalClass::NotStaged);
         // A collect path that escapes the run folder.
         let collect = Command::Collect {
             run_id: "r-a".into(),
@@ -511,10 +522,11 @@ mod node_commands {
         assert!(
             error(&escaped).starts_with("run r-a: ")
                 && error(&escaped).contains("leaves the run folder"),
-            "{escaped}"
+            "{escaped:?}"
         );
+        assert_eq!(escaped.unwrap_err().class, RefusalClass::PathEscapes);
         // A command from a superseded session generation.
-        assert!(node.execute("start-d", 3, &start("r-d", &digest))["ok"].is_object());
+        assert!(node.execute("start-d", 3, &start("r-d", &digest)).is_ok());
         assert_eq!(
             error(&node.execute("start-e", 2, &start("r-e", &digest))),
             "command from session generation 2 refused: generation 3 superseded it; reconnect to get a current session"
@@ -686,11 +698,10 @@ fn a_malformed_command_fails_its_row_and_the_agent_goes_on() {
     let digest = format!("sha256:{}", sum.split_whitespace().next().unwrap());
     // What a coordinator of a newer protocol version could send: a kind this agent does not know,
     // a start whose timeout has another type (serde names the value and the type it expected),
-    // and a start whose program field was renamed.
+    // and a start in an older shape (a bare program where a workload belongs).
     let unknown = json!({ "kind": "launch_missiles", "target": "moon" });
-    let skewed =
-        json!({ "kind": "start", "run_id": "r-skewed", "program": digest, "timeout_ms": "20s" });
-    let renamed = json!({ "kind": "start", "run_id": "r-renamed", "image": digest });
+    let skewed = json!({ "kind": "start", "run_id": "r-skewed", "workload": { "program": digest }, "timeout_ms": "20s" });
+    let renamed = json!({ "kind": "start", "run_id": "r-renamed", "program": digest });
     let cases = [
         (
             unknown,
@@ -700,7 +711,7 @@ fn a_malformed_command_fails_its_row_and_the_agent_goes_on() {
             skewed,
             "a malformed command: invalid type: string \"20s\", expected u64",
         ),
-        (renamed, "a malformed command: missing field `program`"),
+        (renamed, "a malformed command: missing field `workload`"),
     ];
     for (command, error) in cases {
         let set = fleet.run(&program, &["--raw-command", &command.to_string()], &[]);

@@ -1,9 +1,11 @@
 //! Tests: agent_runtime — the node's durable store under SIGKILL, and the process runtime and its
 //! watcher against the real `fleet-run-supervisor`.
 use fleet_agent::runtime::{
-    ProcessRuntime, RunSpec, RunState, Runtime, RuntimeError, Started, sync_runs,
+    ProcessRuntime, Resources, RunReport, RunSpec, RunState, Runtime, RuntimeError, Started,
+    Workload, sync_runs,
 };
 use fleet_agent::state::{Event, Store};
+use fleet_proto::Digest;
 use serde_json::json;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write as _};
@@ -18,7 +20,9 @@ use std::time::{Duration, Instant};
 const WRITER_DIR: &str = "AGENT_RUNTIME_WRITER_DIR";
 /// Set in the writer child: the first operation to apply.
 const WRITER_FIRST: &str = "AGENT_RUNTIME_WRITER_FIRST";
-const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+fn zero_program() -> Workload {
+    Workload::Program(Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap())
+}
 
 /// One command as a node applies it: answered from the record when already applied; otherwise its
 /// run is tracked, moved through its states, and the result recorded before it is "reported".
@@ -29,12 +33,12 @@ fn apply(store: &Store, n: u64, report: &mut impl std::io::Write) {
         writeln!(report, "answered {n} {result}").unwrap();
         return;
     }
-    store.track_run(&run, DIGEST).unwrap();
+    store.track_run(&run, &zero_program()).unwrap();
     store
-        .transition(&run, RunState::Running, json!({}))
+        .transition(&run, RunState::Running, RunReport::default())
         .unwrap();
     store
-        .transition(&run, RunState::Finished, json!({ "n": n }))
+        .transition(&run, RunState::Finished, RunReport::error(n.to_string()))
         .unwrap();
     store.record_applied(&op, &json!({ "run": run })).unwrap();
     writeln!(report, "reported {n}").unwrap();
@@ -219,7 +223,7 @@ fn sha256sum(path: &Path) -> String {
 }
 
 /// Polls the runtime until the run reaches `state` (or fails the test after 10 s).
-fn wait_for(rt: &ProcessRuntime, run: &str, state: RunState) -> fleet_agent::runtime::RunStatus {
+fn wait_for(rt: &dyn Runtime, run: &str, state: RunState) -> fleet_agent::runtime::RunStatus {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let status = rt.status(run).unwrap();
@@ -235,110 +239,217 @@ fn wait_for(rt: &ProcessRuntime, run: &str, state: RunState) -> fleet_agent::run
     }
 }
 
-/// A spec running `/bin/sh -c SCRIPT ARG...` once `/bin/sh` is staged.
-fn shell(run: &str, program: &str, script: &str) -> RunSpec {
-    let mut spec = RunSpec::new(run, program);
+/// A spec running `/bin/sh -c SCRIPT ARG...` from a workload that is a shell.
+fn shell(run: &str, shell: &Workload, script: &str) -> RunSpec {
+    let mut spec = RunSpec::new(run, shell.clone());
     spec.argv = vec!["-c".into(), script.into(), "sh".into()];
     spec.timeout = Some(Duration::from_secs(20));
     spec
 }
 
+/// The behaviour every runtime must show, whatever runs the work (a supervised process, a
+/// container). A runtime passes by giving a runtime and a workload that is a POSIX shell.
+mod suite {
+    use super::*;
+
+    pub struct Subject<'a> {
+        pub runtime: &'a dyn Runtime,
+        /// A workload whose program is `/bin/sh`.
+        pub shell: Workload,
+        /// The runtime's name in its `Unsupported` errors.
+        pub name: &'static str,
+    }
+
+    /// Started once (a redelivered start launches nothing), any bytes as arguments, a typed
+    /// outcome, a streamed collect with its digest, and the run listed.
+    pub fn starts_once_and_collects(s: &Subject) {
+        use std::os::unix::ffi::OsStringExt;
+        let dir = testkit::tempdir();
+        let marks = dir.path().join("marks");
+        let mut spec = shell(
+            "suite-1",
+            &s.shell,
+            r#"printf %s "$1" > out.bin; echo ran >> "$MARKS"; echo to-stderr >&2; exit 3"#,
+        );
+        spec.argv
+            .push(std::ffi::OsString::from_vec(vec![0xff, b'a', 0xfe]));
+        spec.env = vec![("MARKS".into(), marks.display().to_string())];
+        assert_eq!(s.runtime.start(&spec).unwrap(), Started::New);
+        let done = wait_for(s.runtime, "suite-1", RunState::Finished);
+        let outcome = done.report.outcome.expect("a finished run has an outcome");
+        assert_eq!((outcome.exit_code, outcome.signal), (Some(3), None));
+        assert!(!outcome.timed_out && !outcome.stopped);
+        let stderr = outcome.stderr.expect("stderr is accounted");
+        assert_eq!(
+            (stderr.bytes, stderr.last.0.as_slice()),
+            (10, &b"to-stderr\n"[..])
+        );
+        assert!(outcome.started_at.is_some() && outcome.ended_at.is_some());
+        assert_eq!(s.runtime.start(&spec).unwrap(), Started::Already);
+        assert_eq!(std::fs::read_to_string(&marks).unwrap(), "ran\n");
+
+        let mut collected = Vec::new();
+        let got = s
+            .runtime
+            .collect("suite-1", "out.bin", 1024, &mut collected)
+            .unwrap();
+        assert_eq!(collected, [0xff, b'a', 0xfe]);
+        assert_eq!(got.size, 3);
+        let out = dir.path().join("collected");
+        std::fs::write(&out, &collected).unwrap();
+        assert_eq!(got.digest.to_string(), sha256sum(&out));
+        // Over the caller's limit: refused, and nothing reaches the sink.
+        let mut sink = Vec::new();
+        let err = s
+            .runtime
+            .collect("suite-1", "out.bin", 2, &mut sink)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "run suite-1: out.bin is 3 bytes, over the 2 byte limit; raise --max-bytes or collect a smaller file"
+        );
+        assert!(sink.is_empty());
+        let listed: Vec<String> = s
+            .runtime
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|st| st.run_id)
+            .collect();
+        assert!(listed.contains(&"suite-1".to_string()), "{listed:?}");
+    }
+
+    /// A stop ends the run promptly and its outcome says it was stopped; an unknown run is named.
+    pub fn a_stop_ends_the_run_and_says_so(s: &Subject) {
+        let mut spec = shell("suite-long", &s.shell, "sleep 30 & wait");
+        spec.grace = Some(Duration::from_millis(500));
+        s.runtime.start(&spec).unwrap();
+        wait_for(s.runtime, "suite-long", RunState::Running);
+        let begun = Instant::now();
+        s.runtime.stop("suite-long").unwrap();
+        assert!(begun.elapsed() < Duration::from_secs(10));
+        let status = s.runtime.status("suite-long").unwrap();
+        assert!(status.state.is_final(), "{}", status.state);
+        assert!(status.report.outcome.unwrap().stopped);
+        let err = s.runtime.stop("suite-nope").unwrap_err();
+        assert!(
+            matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "suite-nope"),
+            "{err:?}"
+        );
+    }
+
+    /// A timeout ends the run and the outcome says so.
+    pub fn a_timeout_ends_the_run(s: &Subject) {
+        let mut spec = shell("suite-slow", &s.shell, "sleep 30");
+        spec.timeout = Some(Duration::from_millis(300));
+        spec.grace = Some(Duration::from_millis(200));
+        s.runtime.start(&spec).unwrap();
+        let done = wait_for(s.runtime, "suite-slow", RunState::Finished);
+        assert!(done.report.outcome.unwrap().timed_out);
+    }
+
+    /// Collect never leaves the run's folder, and unknown runs are named.
+    pub fn refusals_are_one_line_per_run(s: &Subject) {
+        s.runtime
+            .start(&shell("suite-2", &s.shell, "echo hi > file && ln -s / top"))
+            .unwrap();
+        wait_for(s.runtime, "suite-2", RunState::Finished);
+        for path in ["../suite-1/file", "/etc/passwd", "top/etc/passwd"] {
+            let err = s
+                .runtime
+                .collect("suite-2", path, 1 << 20, &mut Vec::new())
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "run suite-2: collect path {path} leaves the run folder; name a file inside it"
+                )
+            );
+        }
+        assert_eq!(
+            s.runtime.status("suite-nope").unwrap_err().to_string(),
+            "run suite-nope is not known to the run store"
+        );
+        let err = s
+            .runtime
+            .collect("suite-nope", "file", 1 << 20, &mut Vec::new())
+            .unwrap_err();
+        assert!(matches!(&err, RuntimeError::UnknownRun { .. }), "{err:?}");
+    }
+
+    /// What a runtime cannot enforce is refused before anything runs, never ignored.
+    pub fn what_it_cannot_do_is_refused(s: &Subject, unsupported: Resources) {
+        let mut spec = shell("suite-limits", &s.shell, "true");
+        spec.resources = unsupported;
+        let err = s.runtime.start(&spec).unwrap_err();
+        assert!(
+            matches!(&err, RuntimeError::Unsupported { runtime, .. } if *runtime == s.name),
+            "{err:?}"
+        );
+        assert!(s.runtime.status("suite-limits").is_err(), "nothing started");
+    }
+}
+
 #[test]
-fn a_run_is_staged_started_once_and_collected_through_the_real_supervisor() {
-    use std::os::unix::ffi::OsStringExt;
+fn the_process_runtime_passes_the_runtime_suite() {
     let dir = testkit::tempdir();
     let rt = runtime(&dir.path().join("runs"));
     let program = rt.stage(Path::new("/bin/sh")).unwrap();
-    assert_eq!(program, sha256sum(Path::new("/bin/sh")));
-
-    let marks = dir.path().join("marks");
-    let mut spec = shell(
-        "r-1",
-        &program,
-        r#"printf %s "$1" > out.bin; echo ran >> "$MARKS""#,
+    assert_eq!(program.to_string(), sha256sum(Path::new("/bin/sh")));
+    let subject = suite::Subject {
+        runtime: &rt,
+        shell: Workload::Program(program),
+        name: "process",
+    };
+    suite::starts_once_and_collects(&subject);
+    suite::a_stop_ends_the_run_and_says_so(&subject);
+    suite::a_timeout_ends_the_run(&subject);
+    suite::refusals_are_one_line_per_run(&subject);
+    suite::what_it_cannot_do_is_refused(
+        &subject,
+        Resources {
+            memory_bytes: Some(64 << 20),
+            ..Resources::default()
+        },
     );
-    spec.argv
-        .push(std::ffi::OsString::from_vec(vec![0xff, b'a', 0xfe]));
-    spec.env = vec![("MARKS".into(), marks.display().to_string())];
+    // An image is a container runtime's workload.
+    let image = Workload::Image(format!("127.0.0.1:5000/app@sha256:{}", "a".repeat(64)));
+    let err = rt.start(&shell("img", &image, "true")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run img: an image is not supported by the process runtime; run images on a node with the container runtime"
+    );
+}
+
+#[test]
+fn process_runtime_specifics_reach_the_detail_and_refusals_keep_their_class() {
+    let dir = testkit::tempdir();
+    let rt = runtime(&dir.path().join("runs"));
+    let program = Workload::Program(rt.stage(Path::new("/bin/sh")).unwrap());
+    let mut spec = shell("r-1", &program, "true");
     spec.output_limit = Some(4096);
-    assert_eq!(rt.start(&spec).unwrap(), Started::New);
-    let done = wait_for(&rt, "r-1", RunState::Finished);
-    assert_eq!(done.detail["result"]["exit_code"], 0);
-    assert_eq!(done.detail["result"]["output_limit"], 4096);
-    // A redelivered start launches nothing: the program's side effect happened once.
-    assert_eq!(rt.start(&spec).unwrap(), Started::Already);
-    assert_eq!(std::fs::read_to_string(&marks).unwrap(), "ran\n");
-
-    let out = dir.path().join("collected");
-    let digest = rt.collect("r-1", "out.bin", &out).unwrap();
-    assert_eq!(std::fs::read(&out).unwrap(), [0xff, b'a', 0xfe]);
-    assert_eq!(digest, sha256sum(&out));
-    let listed: Vec<String> = rt.list().unwrap().into_iter().map(|s| s.run_id).collect();
-    assert_eq!(listed, ["r-1"]);
-}
-
-#[test]
-fn a_stopped_run_ends_at_once_and_says_it_was_stopped() {
-    let dir = testkit::tempdir();
-    let rt = runtime(&dir.path().join("runs"));
-    let program = rt.stage(Path::new("/bin/sh")).unwrap();
-    let mut spec = shell("long", &program, "sleep 30 & wait");
-    spec.grace = Some(Duration::from_millis(500));
     rt.start(&spec).unwrap();
-    assert_eq!(rt.status("long").unwrap().state, RunState::Running);
-    let begun = Instant::now();
-    rt.stop("long").unwrap();
-    // `stop` returns once the run ended, well before the program's own 30 s.
-    assert!(begun.elapsed() < Duration::from_secs(10));
-    let status = rt.status("long").unwrap();
-    assert!(status.state.is_final(), "{}", status.state);
-    assert_eq!(status.detail["result"]["stopped"], true);
-    let err = rt.stop("nope").unwrap_err();
-    assert!(
-        matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "nope"),
-        "{err:?}"
+    let done = wait_for(&rt, "r-1", RunState::Finished);
+    // The supervisor's own record travels as opaque detail.
+    assert_eq!(done.report.detail["result"]["output_limit"], 4096);
+    assert_eq!(
+        done.report.detail["result"]["containment"].is_string(),
+        true
     );
-    assert_eq!(err.to_string(), "run nope is not known to the run store");
-}
 
-#[test]
-fn supervisor_refusals_become_one_line_per_run_errors() {
-    let dir = testkit::tempdir();
-    let rt = runtime(&dir.path().join("runs"));
-    let program = rt.stage(Path::new("/bin/sh")).unwrap();
-    let unknown = format!("sha256:{}", "0".repeat(64));
+    let unknown = Workload::Program(Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap());
     let err = rt.start(&shell("bad-1", &unknown, "true")).unwrap_err();
     assert_eq!(
         err.to_string(),
         format!(
-            "run bad-1: program {unknown} is not staged on this node; stage it before starting the run"
+            "run bad-1: program sha256:{} is not staged on this node; stage it before starting the run",
+            "0".repeat(64)
         )
     );
-    // The refused run is final, so the watcher reports it `failed` rather than leaving it hanging.
-    assert_eq!(rt.status("bad-1").unwrap().state, RunState::Failed);
-
-    rt.start(&shell("r-2", &program, "echo hi > file && ln -s / top"))
-        .unwrap();
-    wait_for(&rt, "r-2", RunState::Finished);
-    let out = dir.path().join("out");
-    for path in ["../r-1/file", "/etc/passwd", "top/etc/passwd"] {
-        assert_eq!(
-            rt.collect("r-2", path, &out).unwrap_err().to_string(),
-            format!("run r-2: collect path {path} leaves the run folder; name a file inside it")
-        );
-    }
-    assert_eq!(
-        rt.status("nope").unwrap_err().to_string(),
-        "run nope is not known to the run store"
-    );
-    // Classified by the supervisor's unknown-run exit status, not by its wording.
-    let err = rt.collect("nope", "file", &out).unwrap_err();
-    assert!(
-        matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "nope"),
-        "{err:?}"
-    );
-    assert_eq!(err.to_string(), "run nope is not known to the run store");
-    assert!(!out.exists(), "nothing was collected");
+    // The refused run is final, so the watcher reports it `failed` with the step and reason.
+    let failed = rt.status("bad-1").unwrap();
+    assert_eq!(failed.state, RunState::Failed);
+    assert!(failed.report.error.unwrap().starts_with("stage: "));
 
     let missing = ProcessRuntime::new(dir.path().join("no-such-supervisor"), dir.path());
     assert_eq!(
@@ -375,10 +486,10 @@ fn an_input_too_large_for_the_disk_is_a_clear_error_its_run_fails_and_the_next_r
     let disk = TinyDisk::mount(dir.path().join("disk"));
     let rt = runtime(&disk.0);
     // A small static program keeps the staged copy well inside the tiny disk.
-    let program = rt.stage(Path::new("/bin/true")).unwrap();
+    let program = Workload::Program(rt.stage(Path::new("/bin/true")).unwrap());
     let big = dir.path().join("big");
     std::fs::write(&big, vec![7u8; 1024 * 1024]).unwrap();
-    let mut spec = RunSpec::new("big", &program);
+    let mut spec = RunSpec::new("big", program.clone());
     spec.inputs = vec![("data".into(), big)];
     let err = rt.start(&spec).unwrap_err();
     let reason = format!(
@@ -396,19 +507,15 @@ fn an_input_too_large_for_the_disk_is_a_clear_error_its_run_fails_and_the_next_r
     // The refused run is final and says why, so the watcher reports it once and moves on.
     let status = rt.status("big").unwrap();
     assert_eq!(status.state, RunState::Failed);
-    assert_eq!(status.detail["result"]["failure"]["step"], "input");
-    assert_eq!(
-        status.detail["result"]["failure"]["reason"],
-        reason.as_str()
-    );
+    assert_eq!(status.report.error, Some(format!("input: {reason}")));
     // The partial copy made no lasting mess: the next run with a small input starts and ends.
     let small = dir.path().join("small");
     std::fs::write(&small, "fits\n").unwrap();
-    let mut next = RunSpec::new("next", &program);
+    let mut next = RunSpec::new("next", program);
     next.inputs = vec![("data".into(), small)];
     assert_eq!(rt.start(&next).unwrap(), Started::New);
     let done = wait_for(&rt, "next", RunState::Finished);
-    assert_eq!(done.detail["result"]["exit_code"], 0);
+    assert_eq!(done.report.outcome.unwrap().exit_code, Some(0));
 }
 
 /// Every state spooled for each run, in order.
@@ -426,7 +533,7 @@ fn the_watcher_spools_each_transition_once_across_restarts_and_a_dead_supervisor
     let dir = testkit::tempdir();
     let state_dir = dir.path().join("state");
     let rt = runtime(&dir.path().join("runs"));
-    let program = rt.stage(Path::new("/bin/sh")).unwrap();
+    let program = Workload::Program(rt.stage(Path::new("/bin/sh")).unwrap());
     let store = Store::open(&state_dir).unwrap();
     for (run, script) in [("short", "sleep 0.5"), ("long", "sleep 30")] {
         store.track_run(run, &program).unwrap();
@@ -439,7 +546,7 @@ fn the_watcher_spools_each_transition_once_across_restarts_and_a_dead_supervisor
     assert_eq!(report.events.len(), 2, "{:?}", report.events);
 
     // The long run's supervisor dies (and we end its orphaned program, which nobody watches now).
-    let owner = rt.status("long").unwrap().detail["owner"].clone();
+    let owner = rt.status("long").unwrap().report.detail["owner"].clone();
     for pid in [&owner["pid"], &owner["program_pid"]] {
         testkit::ok(Command::new("kill").arg("-KILL").arg(pid.to_string()));
     }
@@ -454,7 +561,10 @@ fn the_watcher_spools_each_transition_once_across_restarts_and_a_dead_supervisor
         .map(|e| (e.run_id.as_str(), e.state))
         .collect();
     assert_eq!(got, [("long", Lost), ("short", Finished)]);
-    assert_eq!(report.events[1].payload["result"]["exit_code"], 0);
+    assert_eq!(
+        report.events[1].report.outcome.as_ref().unwrap().exit_code,
+        Some(0)
+    );
     assert!(sync_runs(&store, &rt).unwrap().events.is_empty());
     drop(store);
     let store = Store::open(&state_dir).unwrap();
@@ -507,7 +617,7 @@ fn sigkill_of_the_watching_agent_at_random_points_spools_each_run_transition_onc
     let dir = testkit::tempdir();
     let (state_dir, runs) = (dir.path().join("state"), dir.path().join("runs"));
     let rt = runtime(&runs);
-    let program = rt.stage(Path::new("/bin/sh")).unwrap();
+    let program = Workload::Program(rt.stage(Path::new("/bin/sh")).unwrap());
     let store = Store::open(&state_dir).unwrap();
     let count = 12;
     for n in 0..count {

@@ -53,8 +53,8 @@ impl Coordinator {
             .append(true)
             .open(&self.log)
             .expect("can open the coordinator log");
-        let mut child = crate::cmd("fleet-agent")
-            .args(["coordinator", "--data"])
+        let mut child = crate::cmd("fleet-coordinator")
+            .arg("--data")
             .arg(&self.data)
             .args([
                 "serve",
@@ -96,12 +96,12 @@ impl Coordinator {
         self.spawn();
     }
 
-    /// `coordinator token` with extra flags; returns the join file's JSON text.
+    /// `fleet-coordinator token` with extra flags; returns the join file's JSON text.
     pub fn token(&self, args: &[&str]) -> String {
         crate::ok(self.command().arg("token").args(args))
     }
 
-    /// `coordinator nodes --json`.
+    /// `fleet-coordinator nodes --json`.
     pub fn nodes(&self) -> Vec<serde_json::Value> {
         let out = crate::ok(self.command().args(["nodes", "--json"]));
         serde_json::from_str::<serde_json::Value>(&out)
@@ -111,14 +111,14 @@ impl Coordinator {
             .clone()
     }
 
-    /// A `fleet-agent coordinator --data DATA` command.
+    /// A `fleet-coordinator --data DATA` command.
     pub fn command(&self) -> Command {
-        let mut cmd = crate::cmd("fleet-agent");
-        cmd.args(["coordinator", "--data"]).arg(&self.data);
+        let mut cmd = crate::cmd("fleet-coordinator");
+        cmd.arg("--data").arg(&self.data);
         cmd
     }
 
-    /// Runs `coordinator ARGS`, which must fail; returns the error, its last line on stderr.
+    /// Runs `fleet-coordinator ARGS`, which must fail; returns the error, its last line on stderr.
     pub fn refusal(&self, args: &[&str]) -> String {
         let err = crate::fails(self.command().args(args));
         err.lines().last().unwrap_or_default().to_string()

@@ -59,7 +59,15 @@ pub fn dist(arch: Option<&str>) -> Result<()> {
     let dist = util::root().join("dist");
     std::fs::create_dir_all(&dist)?;
     for (arch, target) in selected {
-        build_static(target, &["fleet-agent", "fleet-run-supervisor", "oci"])?;
+        build_static(
+            target,
+            &[
+                "fleet-agent",
+                "fleet-coordinator",
+                "fleet-run-supervisor",
+                "oci",
+            ],
+        )?;
         pack_bundle(arch, target, &dist)?;
     }
     util::run(

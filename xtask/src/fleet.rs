@@ -8,13 +8,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Builds the debug agent, supervisor and oci; returns the agent's path (the others sit beside it).
+/// Builds the debug agent, coordinator, supervisor and oci; returns the agent's path (the others
+/// sit beside it).
 pub fn build_debug() -> Result<PathBuf> {
     util::run(Command::new("cargo").args([
         "build",
         "--quiet",
         "-p",
         "fleet-agent",
+        "-p",
+        "fleet-coordinator",
         "-p",
         "fleet-run-supervisor",
         "-p",
@@ -53,7 +56,7 @@ impl Drop for Proc {
     }
 }
 
-/// `fleet-agent coordinator serve` on a free loopback port, killed when dropped.
+/// `fleet-coordinator serve` on a free loopback port, killed when dropped.
 pub struct Coordinator {
     pub bin: PathBuf,
     pub data: PathBuf,
@@ -63,11 +66,12 @@ pub struct Coordinator {
 
 impl Coordinator {
     /// Starts serving `data` with the `serve` flags given, its log going to `stderr`, and waits
-    /// for the address it prints.
-    pub fn serve(bin: &Path, data: &Path, flags: &[&str], stderr: Stdio) -> Result<Coordinator> {
+    /// for the address it prints. `agent` is the agent binary; the coordinator's sits beside it.
+    pub fn serve(agent: &Path, data: &Path, flags: &[&str], stderr: Stdio) -> Result<Coordinator> {
+        let bin = agent.with_file_name("fleet-coordinator");
         let mut proc = Proc::spawn(
-            Command::new(bin)
-                .args(["coordinator", "--data"])
+            Command::new(&bin)
+                .arg("--data")
                 .arg(data)
                 .args(["serve", "--listen", "127.0.0.1:0"])
                 .args(flags)
@@ -80,18 +84,18 @@ impl Coordinator {
             bail!("the coordinator printed {line:?} instead of its address");
         };
         Ok(Coordinator {
-            bin: bin.to_path_buf(),
+            bin,
             data: data.to_path_buf(),
             addr: addr.to_string(),
             proc,
         })
     }
 
-    /// Runs `fleet-agent coordinator --data DATA ARGS` (answered through the serving process's
-    /// socket) and returns its stdout.
+    /// Runs `fleet-coordinator --data DATA ARGS` (answered through the serving process's socket)
+    /// and returns its stdout.
     pub fn cli(&self, args: &[&str]) -> Result<String> {
         let out = Command::new(&self.bin)
-            .args(["coordinator", "--data"])
+            .arg("--data")
             .arg(&self.data)
             .args(args)
             .output()?;

@@ -16,9 +16,10 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
     #[error(
-        "the coordinator did not accept the join token in the {0} s it was minted for (it is spent, expired or unknown to it): mint a new join file with `fleet-coordinator token`"
+        "the coordinator did not accept the join token in the {} it was minted for (it is spent, expired or unknown to it): mint a new join file with `fleet-coordinator token`",
+        fleet_proto::duration::human(*.0)
     )]
-    Expired(u64),
+    Expired(Duration),
     #[error(transparent)]
     Dial(#[from] DialError),
 }
@@ -40,7 +41,7 @@ pub async fn join(
         if let Some(ttl) = ttl
             && tried_since.elapsed() >= ttl
         {
-            return Err(JoinError::Expired(ttl.as_secs()));
+            return Err(JoinError::Expired(ttl));
         }
         let failure = match attempt_once(identity, file, &pinned).await {
             Ok(node_id) => return Ok(node_id),

@@ -1,6 +1,15 @@
 //! Human durations on the command line: `500ms`, `30s`, `10m`, `1h`, or plain seconds.
 use std::time::Duration;
 
+/// A duration as people write it: `300 ms`, `90 s`.
+pub fn human(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
 /// Parses `500ms`, `30s`, `10m`, `1h`, `2d` or a bare number of seconds.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();

@@ -17,7 +17,10 @@ const DISPATCH_RUNS: usize = 1000;
 const IDLE: Duration = Duration::from_secs(2);
 
 pub fn run() -> Result<()> {
-    cross::build_static(TARGET, &["fleet-agent", "fleet-run-supervisor"])?;
+    cross::build_static(
+        TARGET,
+        &["fleet-agent", "fleet-coordinator", "fleet-run-supervisor"],
+    )?;
     let bin = cross::target_dir().join(TARGET).join("release/fleet-agent");
     let size = std::fs::metadata(&bin)
         .with_context(|| format!("cannot find {}", bin.display()))?

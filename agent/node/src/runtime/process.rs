@@ -192,32 +192,22 @@ impl Runtime for ProcessRuntime {
                 "the supervisor enforces only the timeout and output limit; run it as an image",
             ));
         }
-        let mut args: Vec<OsString> = vec![
-            "start".into(),
-            "--run".into(),
-            spec.run_id.clone().into(),
-            "--program".into(),
-            program.to_string().into(),
-        ];
-        if let Some(t) = spec.timeout {
-            args.extend(["--timeout".into(), seconds(t).into()]);
-        }
-        if let Some(g) = spec.grace {
-            args.extend(["--grace".into(), seconds(g).into()]);
-        }
-        if let Some(b) = spec.output_limit {
-            args.extend(["--output-limit".into(), b.to_string().into()]);
-        }
-        for (k, v) in &spec.env {
-            args.extend(["--env".into(), format!("{k}={v}").into()]);
-        }
-        for (name, file) in &spec.inputs {
-            let mut pair = OsString::from(format!("{name}="));
-            pair.push(file);
-            args.extend(["--input".into(), pair]);
-        }
-        args.push("--".into());
-        args.extend(spec.argv.iter().cloned());
+        let run_id = run_store::RunId::parse(&spec.run_id).map_err(|e| RuntimeError::Refused {
+            run_id: spec.run_id.clone(),
+            reason: e.to_string(),
+        })?;
+        // The supervisor's command line is built by its own library, which also parses it.
+        let mut start = run_store::cli::Start::new(&run_id, program, spec.argv.iter().cloned());
+        start.timeout = spec.timeout;
+        start.grace = spec.grace;
+        start.output_limit = spec.output_limit;
+        start.env = spec
+            .env
+            .iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        start.inputs = spec.inputs.clone();
+        let args = run_store::cli::Command::Start(start).to_args();
         match self.call_ok(&args) {
             Ok(_) => Ok(Started::New),
             // The supervisor's run-id claim: this start (or a redelivery of it) already happened.
@@ -431,14 +421,5 @@ fn protocol(what: &str, reason: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Protocol {
         what: what.to_string(),
         reason: reason.to_string(),
-    }
-}
-
-/// A duration as the supervisor's seconds argument, keeping sub-second precision.
-fn seconds(d: std::time::Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        d.as_secs().to_string()
-    } else {
-        format!("{}", d.as_secs_f64())
     }
 }

@@ -181,7 +181,7 @@ fn a_redb_file_without_the_schema_or_of_another_version_is_refused() {
     assert_eq!(
         open_error(&d),
         format!(
-            "agent state {} has schema version 7 but this agent reads version 1; run the agent version that wrote it",
+            "agent state {} has schema version 7 but this agent reads version 2; run the agent version that wrote it",
             path.display()
         )
     );
