@@ -13,10 +13,35 @@ struct Fleet {
     coord: Coordinator,
     agent: Option<Agent>,
     starts: usize,
+    /// Environment for the agent's process (a faked clock).
+    agent_env: Vec<(String, String)>,
+    /// Flags added to the agent's command line.
+    agent_flags: Vec<String>,
+}
+
+/// The environment that runs a process with its wall clock `offset` away (libfaketime from
+/// Debian's `faketime`); its monotonic clock stays true, as on a machine whose clock is unsynced.
+fn clock_offset(offset: &str) -> Vec<(String, String)> {
+    vec![
+        (
+            "LD_PRELOAD".into(),
+            "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into(),
+        ),
+        ("FAKETIME".into(), offset.into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ]
 }
 
 impl Fleet {
     fn new() -> Fleet {
+        Fleet::with_agent_env(Vec::new())
+    }
+
+    fn with_agent_env(agent_env: Vec<(String, String)>) -> Fleet {
+        Fleet::with_agent(agent_env, &[])
+    }
+
+    fn with_agent(agent_env: Vec<(String, String)>, agent_flags: &[&str]) -> Fleet {
         let dir = testkit::tempdir();
         let coord = Coordinator::start(&dir.path().join("coord"), &[]);
         std::fs::write(
@@ -29,6 +54,8 @@ impl Fleet {
             coord,
             agent: None,
             starts: 0,
+            agent_env,
+            agent_flags: agent_flags.iter().map(|f| f.to_string()).collect(),
         };
         fleet.start_joined_agent();
         fleet
@@ -66,7 +93,11 @@ impl Fleet {
             "--retry-base".into(),
             "50ms".into(),
         ];
-        self.agent = Some(Agent::start(&log, args));
+        let mut cmd = testkit::cmd("fleet-agent");
+        cmd.args(args)
+            .args(&self.agent_flags)
+            .envs(self.agent_env.iter().cloned());
+        self.agent = Some(Agent::spawn(&log, cmd));
     }
 
     fn kill_agent(&mut self) {
@@ -740,4 +771,97 @@ fn a_malformed_command_fails_its_row_and_the_agent_goes_on() {
         agent.log_text()
     );
     assert_eq!(agent.count("session open"), 1, "{}", agent.log_text());
+}
+
+#[test]
+fn a_stop_that_waits_out_a_long_grace_keeps_the_node_joined() {
+    // The program ignores SIGTERM, so the stop waits out the supervisor's whole grace (10 s),
+    // five times the coordinator's lease (2 s): heartbeats must go on meanwhile.
+    let fleet = Fleet::new();
+    let program = script(
+        &fleet.path("stubborn.sh"),
+        "trap '' TERM\nsleep 60 & wait; sleep 60",
+    );
+    let set = fleet.run(&program, &[], &[]);
+    let row = fleet.wait_row(&set, |r| r["state"] == "running");
+    let run = row["run_id"].as_str().unwrap().to_string();
+    let stopping = std::thread::spawn({
+        let mut stop = fleet.coord.command();
+        stop.args(["stop", "--run", &run]);
+        move || testkit::ok(&mut stop)
+    });
+    let begun = Instant::now();
+    let mut checks = 0;
+    while !stopping.is_finished() {
+        let nodes = fleet.coord.nodes();
+        assert_eq!(
+            nodes[0]["state"], "Joined",
+            "the node was dropped during a stop: {nodes:#?}"
+        );
+        checks += 1;
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(begun.elapsed() < WAIT, "the stop never returned");
+    }
+    assert_eq!(stopping.join().unwrap().trim(), format!("stopped {run}"));
+    assert!(
+        begun.elapsed() >= Duration::from_secs(9),
+        "{:?}",
+        begun.elapsed()
+    );
+    assert!(checks >= 15, "{checks}");
+    let row = fleet.wait_row(&set, is_final);
+    assert_eq!(row["outcome"]["stopped"], true, "{row:#}");
+    let agent = fleet.agent.as_ref().unwrap();
+    assert_eq!(agent.count("session lost"), 0, "{}", agent.log_text());
+}
+
+/// A machine whose wall clock is two hours off joins, keeps its sessions and runs work: expiry
+/// and session lengths are judged on the coordinator's clock, the node only measures durations.
+fn a_machine_with_its_clock_off_joins_and_works(offset: &str) -> Fleet {
+    // Short session credentials, so the test sees sessions renewed under the skewed clock too.
+    let fleet = Fleet::with_agent(clock_offset(offset), &["--session-validity", "3s"]);
+    let (effects, program) = fleet.effect_program("mark.sh", "true");
+    let set = fleet.run(&program, &[], &["skewed"]);
+    let row = fleet.wait_row(&set, is_final);
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(std::fs::read_to_string(&effects).unwrap(), "skewed\n");
+    // The agent's wall clock really was off.
+    let started_at = row["outcome"]["started_at"].as_str().unwrap().to_string();
+    let hour: u32 = started_at[11..13].parse().unwrap();
+    let now_hour: u32 = testkit::ok(std::process::Command::new("date").args(["-u", "+%H"]))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(
+        hour, now_hour,
+        "the faked clock did not reach the agent: {started_at}"
+    );
+    let agent = fleet.agent.as_ref().unwrap();
+    assert!(
+        agent.wait_for("session credential renewed", 2, WAIT),
+        "{}",
+        agent.log_text()
+    );
+    let nodes = fleet.coord.nodes();
+    assert_eq!(nodes[0]["state"], "Joined", "{nodes:#?}");
+    fleet
+}
+
+#[test]
+fn a_machine_whose_clock_is_two_hours_behind_joins_and_works() {
+    let fleet = a_machine_with_its_clock_off_joins_and_works("-2h");
+    let agent = fleet.agent.as_ref().unwrap();
+    assert_eq!(agent.count("session lost"), 0, "{}", agent.log_text());
+}
+
+#[test]
+fn a_machine_whose_clock_is_two_hours_ahead_joins_works_and_names_its_clock() {
+    let fleet = a_machine_with_its_clock_off_joins_and_works("+2h");
+    // Its clock reads the one-hour token as expired: one warning that names this machine's
+    // clock, and the join goes ahead because the coordinator's clock is the one that counts.
+    let agent = fleet.agent.as_ref().unwrap();
+    let log = agent.log_text();
+    assert_eq!(agent.count("this machine's clock may be wrong"), 1, "{log}");
+    assert!(log.contains("s past the join token's expiry by the coordinator's clock: this machine's clock may be wrong (sync it with NTP); joining anyway, the coordinator judges expiry"), "{log}");
+    assert_eq!(agent.count("session lost"), 0, "{log}");
 }

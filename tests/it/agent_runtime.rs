@@ -432,10 +432,7 @@ fn process_runtime_specifics_reach_the_detail_and_refusals_keep_their_class() {
     let done = wait_for(&rt, "r-1", RunState::Finished);
     // The supervisor's own record travels as opaque detail.
     assert_eq!(done.report.detail["result"]["output_limit"], 4096);
-    assert_eq!(
-        done.report.detail["result"]["containment"].is_string(),
-        true
-    );
+    assert!(done.report.detail["result"]["containment"].is_string());
 
     let unknown = Workload::Program(Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap());
     let err = rt.start(&shell("bad-1", &unknown, "true")).unwrap_err();

@@ -82,6 +82,11 @@ impl Coordinator {
         self.child = Some(child);
     }
 
+    /// The serving process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("serving").id()
+    }
+
     /// Kills the coordinator (SIGKILL: no goodbye to anyone).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -12,6 +12,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "openssl",
     "curl",
     "hyperfine",
+    "faketime",
 ];
 
 /// PyPI packages the tests use, as (import name, package name).

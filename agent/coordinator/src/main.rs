@@ -207,8 +207,20 @@ fn token_request(t: &TokenArgs) -> TokenRequest {
 fn operate(data: &std::path::Path, request: operator::Request) -> Result<serde_json::Value> {
     let deadline = std::time::Instant::now() + STORE_PATIENCE;
     let response = loop {
-        if let Some(answer) = operator::call(data, &request) {
-            break answer.context("the serving coordinator did not answer on its socket")?;
+        match operator::call(data, &request) {
+            Some(Ok(answer)) => break answer,
+            // The serving coordinator went away mid-request: a read is asked again (of the next
+            // one, or of the store); a change is not, since it may have been applied.
+            Some(Err(_)) if request.is_read_only() && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Some(Err(e)) => {
+                return Err(e).context(
+                    "the serving coordinator did not answer on its socket; check with `status` whether the request was applied",
+                );
+            }
+            None => {}
         }
         match Coordinator::open(data) {
             Ok(coordinator) => {

@@ -28,6 +28,13 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Whether asking twice changes nothing.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, Request::Nodes | Request::Status { .. })
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Response {

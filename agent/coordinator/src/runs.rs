@@ -58,8 +58,17 @@ pub struct RunView {
     pub error: Option<String>,
     /// The ids of the events stored for this run.
     pub events: Vec<u64>,
+    /// Events stored but not applied, each with why (a state this coordinator cannot read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_events: Vec<RefusedEvent>,
     /// The runtime's own record of the run, as the node sent it (opaque here).
     pub detail: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefusedEvent {
+    pub id: u64,
+    pub reason: String,
 }
 
 impl From<RunRow> for RunView {
@@ -70,6 +79,15 @@ impl From<RunRow> for RunView {
         };
         RunView {
             events: row.events.iter().map(|e| e.id).collect(),
+            refused_events: row
+                .events
+                .iter()
+                .filter_map(|e| {
+                    e.refused
+                        .clone()
+                        .map(|reason| RefusedEvent { id: e.id, reason })
+                })
+                .collect(),
             run_id: row.id,
             set_id: row.set_id,
             node_id: row.node_id,

@@ -94,6 +94,7 @@ pub struct EventRecord {
 
 /// An event as it came from a node: one this coordinator understands, or one it cannot read
 /// (a state from a newer agent), which is stored as refused with its reason and never applied.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum NodeEvent {
     Known(Event),

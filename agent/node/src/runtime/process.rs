@@ -201,11 +201,7 @@ impl Runtime for ProcessRuntime {
         start.timeout = spec.timeout;
         start.grace = spec.grace;
         start.output_limit = spec.output_limit;
-        start.env = spec
-            .env
-            .iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
+        start.env = spec.env.iter().map(|(k, v)| (k.into(), v.into())).collect();
         start.inputs = spec.inputs.clone();
         let args = run_store::cli::Command::Start(start).to_args();
         match self.call_ok(&args) {

@@ -1,0 +1,260 @@
+//! Tests: coordinator. The serving coordinator under pressure from outside its protocol: operator
+//! commands racing its start, connections that never say who they are, and an agent of another
+//! version sending a run state this coordinator does not know.
+use fleet_agent::identity::{self, Identity};
+use fleet_proto::joinfile::JoinFile;
+use fleet_proto::protocol::{self, Down, Up};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use testkit::agent::{Agent, Coordinator, script, wait_until};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn serve_starts_every_time_while_operator_commands_read_the_store_in_a_loop() {
+    let dir = testkit::tempdir();
+    let data = dir.path().join("coord");
+    let mut coord = Coordinator::start(&data, &[]);
+    coord.kill();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (answered, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let reader = std::thread::spawn({
+        let (stop, answered, failed, data) =
+            (stop.clone(), answered.clone(), failed.clone(), data.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                let out = testkit::cmd("fleet-coordinator")
+                    .arg("--data")
+                    .arg(&data)
+                    .args(["nodes", "--json"])
+                    .output()
+                    .unwrap();
+                let counter = if out.status.success() {
+                    &answered
+                } else {
+                    &failed
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                if !out.status.success() {
+                    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+                }
+            }
+        }
+    });
+    for _ in 0..20 {
+        // `start` fails the test when serve exits instead of printing its address.
+        coord.restart();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap();
+    let (answered, failed) = (
+        answered.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        failed, 0,
+        "{answered} operator commands answered, {failed} failed"
+    );
+    assert!(answered >= 20, "{answered}");
+    eprintln!("20 starts of serve, {answered} operator reads, none failed");
+}
+
+/// The coordinator's resident memory and its peak, in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// One connection that completes the TLS handshake with a key no node has, then sends the start
+/// of a frame: either one claiming `claimed` bytes with 64 KiB behind it, or one just under the
+/// limit sent halfway and held.
+async fn unidentified(address: String, pinned: Vec<u8>, claimed: u32) -> Option<impl Send> {
+    use tokio::io::AsyncWriteExt;
+    let identity = Identity {
+        key: rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap(),
+    };
+    let mut dialed = fleet_agent::dial::dial(&address, &identity, &pinned, Duration::from_secs(60))
+        .await
+        .ok()?;
+    let mut frame = claimed.to_be_bytes().to_vec();
+    frame.extend(std::iter::repeat_n(
+        b'x',
+        (claimed as usize / 2).min(64 << 10),
+    ));
+    let _ = dialed.stream.write_all(&frame).await;
+    let _ = dialed.stream.flush().await;
+    Some(dialed.stream)
+}
+
+#[test]
+fn a_thousand_unidentified_connections_hold_little_memory_and_a_node_still_works() {
+    let dir = testkit::tempdir();
+    let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+    let join_text = coord.token(&["--name", "healthy"]);
+    let join: JoinFile = serde_json::from_str(&join_text).unwrap();
+    std::fs::write(dir.path().join("fleet.json"), &join_text).unwrap();
+    let agent = Agent::start(
+        &dir.path().join("agent.log"),
+        [
+            "--join-file".as_ref(),
+            dir.path().join("fleet.json").as_os_str(),
+            "--state".as_ref(),
+            dir.path().join("state").as_os_str(),
+            "--run-store".as_ref(),
+            dir.path().join("runs").as_os_str(),
+            "--cloud-root".as_ref(),
+            dir.path().join("cloud").as_os_str(),
+            "--accelerator-tool".as_ref(),
+            "/nonexistent".as_ref(),
+        ],
+    );
+    assert!(
+        agent.wait_for("session open", 1, WAIT),
+        "{}",
+        agent.log_text()
+    );
+    let (before, _) = memory_kib(coord.pid());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pinned = join.pinned_key();
+    let held = runtime.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..1000u32 {
+            // Half claim a 16 MiB frame (the limit for an identified node), half one just under
+            // the limit for a connection that has not proven its key, sent halfway and held.
+            let claimed = if n % 2 == 0 { 16 << 20 } else { (16 << 10) - 1 };
+            tasks.spawn(unidentified(join.address.clone(), pinned.clone(), claimed));
+        }
+        let mut held = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            held.extend(done.unwrap());
+        }
+        held
+    });
+    let (during, peak) = memory_kib(coord.pid());
+
+    // While they are held, the joined node still takes a run and finishes it.
+    let marks = dir.path().join("marks");
+    let program = script(
+        &dir.path().join("mark.sh"),
+        &format!("echo ran >> {}", marks.display()),
+    );
+    let set = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--all", "--program"])
+            .arg(&program),
+    );
+    let finished = wait_until(WAIT, || {
+        let out = testkit::ok(
+            coord
+                .command()
+                .args(["status", "--set", set.trim(), "--json"]),
+        );
+        let rows: Value = serde_json::from_str(&out).unwrap();
+        rows[0]["state"] == "finished"
+    });
+    assert!(finished, "the healthy node's run did not finish");
+    drop(held);
+    drop(runtime);
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "coordinator RSS: {before} KiB before, {during} KiB with {} unidentified connections handshaken, peak {peak} KiB (+{grown} KiB)",
+        1000
+    );
+    assert!(
+        grown < 64 << 10,
+        "1 000 unidentified connections cost {grown} KiB"
+    );
+    assert!(
+        coord.log_text().contains("over the 16384 byte limit"),
+        "{}",
+        coord.log_text()
+    );
+}
+
+#[test]
+fn an_unknown_run_state_from_the_wire_is_refused_on_its_event_and_the_session_goes_on() {
+    let dir = testkit::tempdir();
+    let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+    let join: JoinFile = serde_json::from_str(&coord.token(&["--name", "newer"])).unwrap();
+    let state = dir.path().join("node");
+    identity::prepare_state_dir(&state).unwrap();
+    let identity = identity::load_or_create(&state).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let node_id = runtime
+        .block_on(fleet_agent::join::join(
+            &identity,
+            &join,
+            Duration::from_millis(50),
+        ))
+        .unwrap();
+    // A run for this node, which this hand-driven "agent of a newer version" will report on.
+    let program = script(&dir.path().join("p.sh"), "true");
+    let set = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--node", &node_id, "--program"])
+            .arg(&program),
+    );
+    let rows = status(&coord, set.trim());
+    let run = rows[0]["run_id"].as_str().unwrap().to_string();
+    runtime.block_on(async {
+        let mut dialed =
+            fleet_agent::dial::dial(&join.address, &identity, &join.pinned_key(), Duration::from_secs(60))
+                .await
+                .unwrap();
+        let stream = &mut dialed.stream;
+        protocol::write_msg(stream, &Up::Hello { node_id: node_id.clone() }).await.unwrap();
+        let welcome: Down = protocol::read_msg(stream).await.unwrap().unwrap();
+        assert!(matches!(welcome, Down::Welcome { .. }), "{welcome:?}");
+        let event = |id: u64, state: &str| {
+            json!({ "type": "event", "event": { "id": id, "run_id": run, "state": state, "at_unix_ms": 1 } })
+        };
+        protocol::write_msg(stream, &event(1, "paused")).await.unwrap();
+        protocol::write_msg(stream, &event(2, "running")).await.unwrap();
+        // Both are stored (the unknown one as refused), so the node may forget both.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let msg: Down = protocol::read_msg(stream).await.unwrap().expect("the session stays open");
+            if let Down::Ack { up_to: 2 } = msg {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no ack for both events");
+        }
+        // The session goes on: a heartbeat is still welcome.
+        protocol::write_msg(stream, &Up::Heartbeat).await.unwrap();
+    });
+    let row = &status(&coord, set.trim())[0];
+    assert_eq!(row["state"], "running", "{row:#}");
+    assert_eq!(row["events"], json!([1, 2]), "{row:#}");
+    assert_eq!(
+        row["refused_events"],
+        json!([{ "id": 1, "reason": "event 1 carries state \"paused\", which this coordinator cannot read (unknown variant `paused`, expected one of `waiting`, `starting`, `running`, `finished`, `failed`, `lost`); upgrade the coordinator to the agent's version" }]),
+        "{row:#}"
+    );
+    assert!(
+        coord.log_text().contains("refused an event"),
+        "{}",
+        coord.log_text()
+    );
+}
+
+fn status(coord: &Coordinator, set: &str) -> Vec<Value> {
+    let out = testkit::ok(coord.command().args(["status", "--set", set, "--json"]));
+    serde_json::from_str(&out).unwrap()
+}
