@@ -1,7 +1,7 @@
 //! The rules every backend must keep, one check per rule. A backend passes when
 //! [`run_all`] passes with a factory that hands out a fresh, blank backend per call:
 //!
-//! ```ignore
+//! ```text
 //! fleet_coordinator::store::conformance::run_all(&|| Box::new(MyBackend::blank()));
 //! ```
 //!
@@ -445,7 +445,8 @@ pub fn accept_with_error_fails_waiting_run(blank: Blank) {
     assert!(store.waiting_runs(NODE_A).unwrap().is_empty());
 }
 
-/// The runs waiting for a node: its own, not accepted yet, not final, oldest first.
+/// The runs waiting for a node: its own, not accepted yet, not final, oldest first (by id among
+/// runs created at the same time).
 pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
@@ -462,7 +463,15 @@ pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
             run("r-e", "s1", NODE_B, b"p", 1),
         ],
     );
-    create(&store, "s2", b"q", &[run("r-f", "s2", NODE_A, b"q", 15)]);
+    create(
+        &store,
+        "s2",
+        b"q",
+        &[
+            run("r-f", "s2", NODE_A, b"q", 15),
+            run("r-aa", "s2", NODE_A, b"q", 10),
+        ],
+    );
     store.accept_runs(&[("r-c".into(), None)]).unwrap();
     store.fail_run("r-d", RunState::Failed, "swept").unwrap();
     let ids = |node| -> Vec<String> {
@@ -473,7 +482,11 @@ pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
             .map(|r| r.id)
             .collect()
     };
-    assert_eq!(ids(NODE_A), ["r-b", "r-f", "r-a"]);
+    assert_eq!(
+        ids(NODE_A),
+        ["r-aa", "r-b", "r-f", "r-a"],
+        "by age, then by id"
+    );
     assert_eq!(ids(NODE_B), ["r-e"]);
     assert!(ids("n-other").is_empty());
 }

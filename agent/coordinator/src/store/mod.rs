@@ -178,7 +178,7 @@ fn schema_message(store: &str, found: Option<u64>, expected: u64) -> String {
             "the coordinator store {store} has schema version {found}, but this coordinator reads version {expected}: run the coordinator that wrote it, or move the store aside"
         ),
         None => format!(
-            "{store} is not a coordinator store (it records no schema version; this coordinator writes version {expected}): it is left untouched; move it aside or choose another data directory"
+            "{store} records no schema version: it is not a coordinator store, or one written before stores recorded their version (this coordinator writes version {expected}); it is left untouched: move it aside or choose another data directory"
         ),
     }
 }
@@ -217,8 +217,10 @@ pub trait Backend: Send + Sync {
 pub trait ReadTx {
     /// Token hash -> token.
     fn token(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
+    /// Every token with its hash, in any order.
     fn tokens(&self) -> StoreResult<Vec<(String, TokenRecord)>>;
     fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>>;
+    /// Every node, in any order.
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
     /// Program digest -> its bytes.
     fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>>;
@@ -227,7 +229,7 @@ pub trait ReadTx {
     fn run(&self, id: &str) -> StoreResult<Option<RunRow>>;
     /// Set id -> the ids of its runs, in the order they were created.
     fn set(&self, id: &str) -> StoreResult<Option<Vec<String>>>;
-    /// The ids of the runs in the active index, for one node or for all.
+    /// The ids of the runs in the active index, for one node or for all, in any order.
     fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>>;
     /// How many runs the retention order holds.
     fn final_count(&self) -> StoreResult<u64>;

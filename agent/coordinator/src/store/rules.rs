@@ -265,17 +265,26 @@ impl Store {
         self.read(|tx| tx.run(id))
     }
 
-    /// Every run not yet final.
+    /// Every run not yet final, by id.
     pub fn active_runs(&self) -> StoreResult<Vec<RunRow>> {
-        self.read(|tx| runs_of(tx, &tx.active(None)?))
+        self.read(|tx| {
+            let mut ids = tx.active(None)?;
+            ids.sort();
+            runs_of(tx, &ids)
+        })
     }
 
-    /// The runs waiting for `node_id` that it has not accepted yet, oldest first.
+    /// The runs waiting for `node_id` that it has not accepted yet, oldest first (by id among
+    /// runs created together).
     pub fn waiting_runs(&self, node_id: &str) -> StoreResult<Vec<RunRow>> {
         self.read(|tx| {
             let mut runs = runs_of(tx, &tx.active(Some(node_id))?)?;
             runs.retain(|r| r.node_id == node_id && !r.accepted && !r.state.is_final());
-            runs.sort_by_key(|r| r.created_ms);
+            runs.sort_by(|a, b| {
+                a.created_ms
+                    .cmp(&b.created_ms)
+                    .then_with(|| a.id.cmp(&b.id))
+            });
             Ok(runs)
         })
     }
