@@ -3,7 +3,7 @@
 //!
 //! API: `Coordinator` (open, tokens, nodes, and the run API in `runs`), `serve` (the port),
 //! `operator` (requests a CLI or hub sends to a serving coordinator), `store` (the store
-//! interface and its embedded redb implementation), `userdata` (the `#cloud-config`).
+//! and its rules, over a backend: the embedded redb one), `userdata` (the `#cloud-config`).
 pub mod http;
 pub mod operator;
 pub mod runs;
@@ -23,7 +23,9 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use store::{CoordinatorStore, NodeRecord, RedbStore, StoreError, StoreResult, TokenRecord};
+use store::{
+    KEEP_FINAL_RUNS, NodeRecord, RedbBackend, Store, StoreError, StoreResult, TokenRecord,
+};
 
 pub const DEFAULT_DATA: &str = "/var/lib/octomy-coordinator";
 pub const DEFAULT_PORT: u16 = 18426;
@@ -57,7 +59,7 @@ pub enum CoordinatorError {
 /// The coordinator's identity and store.
 pub struct Coordinator {
     pub data: PathBuf,
-    pub store: Arc<dyn CoordinatorStore>,
+    pub store: Arc<Store>,
     pub key: KeyPair,
     /// Sessions and wake-ups while serving.
     pub live: runs::Live,
@@ -119,7 +121,7 @@ impl Coordinator {
     /// coordinator's one async thread must go on reading every other session meanwhile.
     pub async fn with_store<T: Send + 'static>(
         &self,
-        call: impl FnOnce(&dyn CoordinatorStore) -> StoreResult<T> + Send + 'static,
+        call: impl FnOnce(&Store) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || call(store.as_ref()))
@@ -154,7 +156,8 @@ impl Coordinator {
         };
         fsutil::create_private_dir(data).map_err(data_err)?;
         let key = load_or_create_key(&data.join(KEY_FILE))?;
-        let store = RedbStore::open(&data.join(STORE_FILE))?;
+        let backend = RedbBackend::open(&data.join(STORE_FILE))?;
+        let store = Store::open(Box::new(backend), KEEP_FINAL_RUNS)?;
         Ok(Coordinator {
             data: data.to_path_buf(),
             store: Arc::new(store),
@@ -184,14 +187,15 @@ impl Coordinator {
             "{TOKEN_PREFIX}{}",
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
         );
-        let expires_at_ms = now_ms() + request.ttl_ms;
+        let now = now_ms();
+        let expires_at_ms = now + request.ttl_ms;
         let record = TokenRecord {
             expires_at_ms,
             name: request.name.clone(),
             labels: request.labels.clone(),
             spent_by: None,
         };
-        self.store.add_token(&token_hash(&token), &record)?;
+        self.store.add_token(&token_hash(&token), &record, now)?;
         Ok(JoinFile {
             address,
             coordinator_key: self.public_key_text(),

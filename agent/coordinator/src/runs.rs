@@ -179,7 +179,6 @@ impl Coordinator {
                 }
             }));
         }
-        self.store.put_program(&digest.to_string(), &program)?;
         let set_id = random_id("s");
         let now = now_ms();
         let runs: Vec<RunRow> = selected
@@ -201,7 +200,9 @@ impl Coordinator {
                 raw_command: request.raw_command.clone(),
             })
             .collect();
-        self.store.create_set(&set_id, &runs)?;
+        let digest_text = digest.to_string();
+        self.store
+            .create_set(&set_id, &[(digest_text.as_str(), &program)], &runs)?;
         self.live.poke();
         Ok(SetView {
             set_id,
@@ -353,12 +354,7 @@ impl Coordinator {
                 })
             };
             if let Some((state, reason)) = verdict {
-                self.store.update_run(&row.id, &mut |r| {
-                    if !r.state.is_final() {
-                        r.state = state;
-                        r.error = Some(reason.clone());
-                    }
-                })?;
+                self.store.fail_run(&row.id, state, &reason)?;
             }
         }
         Ok(())

@@ -1,0 +1,747 @@
+//! The rules every backend must keep, one check per rule. A backend passes when
+//! [`run_all`] passes with a factory that hands out a fresh, blank backend per call:
+//!
+//! ```text
+//! fleet_coordinator::store::conformance::run_all(&|| Box::new(MyBackend::blank()));
+//! ```
+//!
+//! The checks panic on the first broken rule, naming it.
+use super::{
+    Backend, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow, SCHEMA_VERSION, Store, StoreError,
+    TokenRecord,
+};
+use fleet_proto::Digest;
+use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+
+/// Hands out a fresh, blank backend per call.
+pub type Blank<'a> = &'a dyn Fn() -> Box<dyn Backend>;
+
+/// One rule's check.
+pub type Rule = fn(Blank);
+
+/// Every rule, by name.
+pub const RULES: &[(&str, Rule)] = &[
+    ("token_spent_once", token_spent_once),
+    (
+        "expired_token_refused_and_pruned_at_next_mint",
+        expired_token_refused_and_pruned_at_next_mint,
+    ),
+    ("sessions_and_heartbeats", sessions_and_heartbeats),
+    ("events_deduped_by_id", events_deduped_by_id),
+    ("states_move_only_forward", states_move_only_forward),
+    ("unreadable_event_refused", unreadable_event_refused),
+    (
+        "events_of_another_node_ignored",
+        events_of_another_node_ignored,
+    ),
+    (
+        "accept_with_error_fails_waiting_run",
+        accept_with_error_fails_waiting_run,
+    ),
+    (
+        "waiting_runs_for_one_node_oldest_first",
+        waiting_runs_for_one_node_oldest_first,
+    ),
+    (
+        "fail_run_ends_only_active_runs",
+        fail_run_ends_only_active_runs,
+    ),
+    (
+        "create_set_checks_its_runs_and_programs",
+        create_set_checks_its_runs_and_programs,
+    ),
+    (
+        "retention_prunes_oldest_run_set_and_program",
+        retention_prunes_oldest_run_set_and_program,
+    ),
+    (
+        "schema_version_mismatch_refused",
+        schema_version_mismatch_refused,
+    ),
+];
+
+/// Runs every rule against fresh backends from `blank`.
+pub fn run_all(blank: Blank) {
+    for (name, rule) in RULES {
+        eprintln!("store conformance: {name}");
+        rule(blank);
+    }
+}
+
+const KEY_A: &str = "ed25519:key-a";
+const KEY_B: &str = "ed25519:key-b";
+const NODE_A: &str = "n-a";
+const NODE_B: &str = "n-b";
+
+fn open(blank: Blank, keep: u64) -> Store {
+    Store::open(blank(), keep).expect("a blank backend opens as a store")
+}
+
+fn token(expires_at_ms: u64) -> TokenRecord {
+    TokenRecord {
+        expires_at_ms,
+        name: Some("worker".into()),
+        labels: [("zone".to_string(), "a".to_string())].into(),
+        spent_by: None,
+    }
+}
+
+/// Joins a node the way a machine does: a token minted, then redeemed by the node's key.
+fn join(store: &Store, node_id: &str, key: &str) {
+    let hash = format!("hash-of-{node_id}");
+    store.add_token(&hash, &token(u64::MAX), 0).unwrap();
+    let redeemed = store.redeem(&hash, key, node_id, 1, 1_000).unwrap();
+    assert!(redeemed.is_some_and(|r| r.first), "{node_id} joins");
+}
+
+fn digest(program: &[u8]) -> Digest {
+    Digest::of_reader(program).expect("hashing a slice")
+}
+
+fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u64) -> RunRow {
+    RunRow {
+        id: id.into(),
+        set_id: set_id.into(),
+        node_id: node_id.into(),
+        state: RunState::Waiting,
+        workload: Workload::Program(digest(program)),
+        options: RunOptions::default(),
+        created_ms,
+        updated_ms: created_ms,
+        accepted: false,
+        report: None,
+        error: None,
+        events: Vec::new(),
+        raw_command: None,
+    }
+}
+
+/// Records a set of `runs`, all of `program`.
+fn create(store: &Store, set_id: &str, program: &[u8], runs: &[RunRow]) {
+    let digest = digest(program).to_string();
+    store
+        .create_set(set_id, &[(digest.as_str(), program)], runs)
+        .unwrap();
+}
+
+fn event(id: u64, run_id: &str, state: RunState) -> NodeEvent {
+    let report = match state {
+        RunState::Failed => RunReport::error("it broke"),
+        _ => RunReport::default(),
+    };
+    NodeEvent::Known(Event {
+        id,
+        run_id: run_id.into(),
+        state,
+        report,
+        at_unix_ms: 100 + id,
+    })
+}
+
+fn state_of(store: &Store, id: &str) -> RunState {
+    store.run(id).unwrap().expect("the run is stored").state
+}
+
+fn active_ids(store: &Store) -> Vec<String> {
+    let mut ids: Vec<String> = store
+        .active_runs()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn final_count(store: &Store) -> u64 {
+    store.read(|tx| tx.final_count()).unwrap()
+}
+
+/// A token is spent once: a second key is refused, the same key is answered again (its answer
+/// may have been lost) until the token expires.
+pub fn token_spent_once(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    store.add_token("t", &token(1_000), 0).unwrap();
+    assert!(
+        store.has_waiting_token(10).unwrap(),
+        "an unspent token waits"
+    );
+    let Some(Redeemed { node, first }) = store.redeem("t", KEY_A, NODE_A, 10, 500).unwrap() else {
+        panic!("a fresh token is redeemed");
+    };
+    assert!(first);
+    assert_eq!(
+        (node.id.as_str(), node.public_key.as_str()),
+        (NODE_A, KEY_A)
+    );
+    assert_eq!(node.name.as_deref(), Some("worker"), "the token's name");
+    assert_eq!(node.labels.get("zone").map(String::as_str), Some("a"));
+    assert_eq!((node.joined_at_ms, node.lease_until_ms), (10, 500));
+    assert!(
+        !store.has_waiting_token(10).unwrap(),
+        "a spent token waits no more"
+    );
+    assert!(
+        store.redeem("t", KEY_B, NODE_B, 20, 500).unwrap().is_none(),
+        "another key is refused"
+    );
+    assert!(store.node(NODE_B).unwrap().is_none());
+    let again = store.redeem("t", KEY_A, NODE_A, 30, 500).unwrap();
+    assert!(
+        again.is_some_and(|r| !r.first && r.node.id == NODE_A),
+        "the same key is answered again"
+    );
+    assert!(
+        store
+            .redeem("unknown", KEY_A, NODE_A, 30, 500)
+            .unwrap()
+            .is_none(),
+        "an unknown token is refused"
+    );
+    assert_eq!(store.nodes().unwrap().len(), 1);
+}
+
+/// An expired token is refused; the next mint prunes every expired token (by the clock it is
+/// given), spent or not, and keeps a spent token until it expires.
+pub fn expired_token_refused_and_pruned_at_next_mint(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    store.add_token("spent", &token(1_000), 0).unwrap();
+    store.add_token("short", &token(100), 0).unwrap();
+    assert!(
+        store
+            .redeem("spent", KEY_A, NODE_A, 10, 50)
+            .unwrap()
+            .is_some()
+    );
+    assert!(store.has_waiting_token(99).unwrap());
+    assert!(
+        !store.has_waiting_token(100).unwrap(),
+        "expired at its expiry"
+    );
+    assert!(
+        store
+            .redeem("short", KEY_B, NODE_B, 100, 500)
+            .unwrap()
+            .is_none(),
+        "an expired token is refused"
+    );
+    store.add_token("next", &token(2_000), 200).unwrap();
+    let hashes = |store: &Store| {
+        let mut hashes: Vec<String> = store
+            .read(|tx| tx.tokens())
+            .unwrap()
+            .into_iter()
+            .map(|(h, _)| h)
+            .collect();
+        hashes.sort();
+        hashes
+    };
+    assert_eq!(
+        hashes(&store),
+        ["next", "spent"],
+        "the expired token is pruned at the next mint, the spent one kept"
+    );
+    assert!(
+        store
+            .redeem("spent", KEY_A, NODE_A, 300, 500)
+            .unwrap()
+            .is_some_and(|r| !r.first),
+        "a spent, unexpired token still answers its key"
+    );
+    store.add_token("later", &token(5_000), 1_000).unwrap();
+    assert_eq!(
+        hashes(&store),
+        ["later", "next"],
+        "a spent token is pruned once expired"
+    );
+}
+
+/// A session raises the generation; a heartbeat extends the lease and keeps the last facts.
+pub fn sessions_and_heartbeats(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    assert_eq!(store.open_session(NODE_A, 2_000).unwrap(), 1);
+    assert_eq!(store.open_session(NODE_A, 3_000).unwrap(), 2);
+    store.heartbeat(NODE_A, 2_500, 4_000, None).unwrap();
+    let node = store.node(NODE_A).unwrap().unwrap();
+    assert_eq!(
+        (node.generation, node.last_heartbeat_ms, node.lease_until_ms),
+        (2, Some(2_500), 4_000)
+    );
+    assert!(node.facts.is_none());
+    assert!(
+        store.open_session("n-unknown", 1).is_err(),
+        "a session for a node that never joined"
+    );
+}
+
+/// Events are stored once per node and id; the answer is the highest id stored.
+pub fn events_deduped_by_id(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    let up_to = store
+        .apply_events(NODE_A, &[event(1, "r1", RunState::Starting)])
+        .unwrap();
+    assert_eq!(up_to, 1);
+    let up_to = store
+        .apply_events(
+            NODE_A,
+            &[
+                event(1, "r1", RunState::Starting),
+                event(2, "r1", RunState::Running),
+            ],
+        )
+        .unwrap();
+    assert_eq!(up_to, 2);
+    let up_to = store
+        .apply_events(NODE_A, &[event(2, "r1", RunState::Running)])
+        .unwrap();
+    assert_eq!(up_to, 2, "a batch of duplicates answers the same");
+    let row = store.run("r1").unwrap().unwrap();
+    let ids: Vec<u64> = row.events.iter().map(|e| e.id).collect();
+    assert_eq!(ids, [1, 2], "each event stored once");
+    assert_eq!(row.state, RunState::Running);
+    assert_eq!(store.node(NODE_A).unwrap().unwrap().last_event_id, 2);
+}
+
+/// States only move forward: an event for an earlier state, or any after a final one, is stored
+/// and changes nothing; the final run leaves the active runs once.
+pub fn states_move_only_forward(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    store
+        .apply_events(
+            NODE_A,
+            &[
+                event(1, "r1", RunState::Running),
+                event(2, "r1", RunState::Starting),
+            ],
+        )
+        .unwrap();
+    assert_eq!(state_of(&store, "r1"), RunState::Running, "never backward");
+    store
+        .apply_events(NODE_A, &[event(3, "r1", RunState::Failed)])
+        .unwrap();
+    let failed = store.run("r1").unwrap().unwrap();
+    assert_eq!(failed.state, RunState::Failed);
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("it broke"),
+        "the report's error"
+    );
+    assert!(failed.report.is_some());
+    assert!(
+        active_ids(&store).is_empty(),
+        "a final run is no longer active"
+    );
+    store
+        .apply_events(
+            NODE_A,
+            &[
+                event(4, "r1", RunState::Running),
+                event(5, "r1", RunState::Finished),
+            ],
+        )
+        .unwrap();
+    let row = store.run("r1").unwrap().unwrap();
+    assert_eq!(row.state, RunState::Failed, "nothing follows a final state");
+    assert_eq!(row.events.len(), 5, "every event is still recorded");
+    assert_eq!(final_count(&store), 1, "retired once");
+}
+
+/// An event this coordinator cannot read is stored as refused, with its reason, and changes
+/// nothing else on the run; its id still counts as stored.
+pub fn unreadable_event_refused(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    let unreadable = NodeEvent::Unreadable {
+        id: 1,
+        run_id: "r1".into(),
+        at_ms: 50,
+        reason: "unknown state `paused`".into(),
+    };
+    assert_eq!(store.apply_events(NODE_A, &[unreadable]).unwrap(), 1);
+    let row = store.run("r1").unwrap().unwrap();
+    assert_eq!(row.state, RunState::Waiting, "the run is unchanged");
+    assert!(row.report.is_none() && row.error.is_none());
+    assert_eq!(row.events.len(), 1);
+    let stored = &row.events[0];
+    assert_eq!((stored.id, stored.state, stored.at_ms), (1, None, 50));
+    assert_eq!(stored.refused.as_deref(), Some("unknown state `paused`"));
+    assert_eq!(active_ids(&store), ["r1"]);
+}
+
+/// A node's events about a run of another node (or an unknown run) change nothing, but count as
+/// stored.
+pub fn events_of_another_node_ignored(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    join(&store, NODE_B, KEY_B);
+    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    let up_to = store
+        .apply_events(
+            NODE_B,
+            &[
+                event(7, "r1", RunState::Finished),
+                event(8, "r-unknown", RunState::Running),
+            ],
+        )
+        .unwrap();
+    assert_eq!(up_to, 8);
+    let row = store.run("r1").unwrap().unwrap();
+    assert_eq!(row.state, RunState::Waiting);
+    assert!(row.events.is_empty());
+    assert_eq!(
+        store.node(NODE_A).unwrap().unwrap().last_event_id,
+        0,
+        "ids are counted per node"
+    );
+    assert!(
+        store.apply_events("n-unknown", &[]).is_err(),
+        "events from a node that never joined"
+    );
+}
+
+/// Answers to starts: each run becomes the node's; an error fails a waiting run, never a final
+/// one.
+pub fn accept_with_error_fails_waiting_run(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    create(
+        &store,
+        "s1",
+        b"p",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            run("r2", "s1", NODE_A, b"p", 2),
+            run("r3", "s1", NODE_A, b"p", 3),
+        ],
+    );
+    store
+        .apply_events(NODE_A, &[event(1, "r3", RunState::Finished)])
+        .unwrap();
+    store
+        .accept_runs(&[
+            ("r1".into(), None),
+            ("r2".into(), Some("no such program".into())),
+            ("r3".into(), Some("late refusal".into())),
+            ("r-unknown".into(), None),
+        ])
+        .unwrap();
+    let r1 = store.run("r1").unwrap().unwrap();
+    assert!(r1.accepted && r1.state == RunState::Waiting && r1.error.is_none());
+    let r2 = store.run("r2").unwrap().unwrap();
+    assert!(r2.accepted);
+    assert_eq!(r2.state, RunState::Failed, "an error answer fails the run");
+    assert_eq!(r2.error.as_deref(), Some("no such program"));
+    let r3 = store.run("r3").unwrap().unwrap();
+    assert_eq!(r3.state, RunState::Finished, "a final run stays as it is");
+    assert!(r3.error.is_none());
+    assert_eq!(active_ids(&store), ["r1"]);
+    assert_eq!(final_count(&store), 2);
+    assert!(store.waiting_runs(NODE_A).unwrap().is_empty());
+}
+
+/// The runs waiting for a node: its own, not accepted yet, not final, oldest first (by id among
+/// runs created at the same time).
+pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    join(&store, NODE_B, KEY_B);
+    create(
+        &store,
+        "s1",
+        b"p",
+        &[
+            run("r-a", "s1", NODE_A, b"p", 30),
+            run("r-b", "s1", NODE_A, b"p", 10),
+            run("r-c", "s1", NODE_A, b"p", 20),
+            run("r-d", "s1", NODE_A, b"p", 5),
+            run("r-e", "s1", NODE_B, b"p", 1),
+        ],
+    );
+    create(
+        &store,
+        "s2",
+        b"q",
+        &[
+            run("r-f", "s2", NODE_A, b"q", 15),
+            run("r-aa", "s2", NODE_A, b"q", 10),
+        ],
+    );
+    store.accept_runs(&[("r-c".into(), None)]).unwrap();
+    store.fail_run("r-d", RunState::Failed, "swept").unwrap();
+    let ids = |node| -> Vec<String> {
+        store
+            .waiting_runs(node)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect()
+    };
+    assert_eq!(
+        ids(NODE_A),
+        ["r-aa", "r-b", "r-f", "r-a"],
+        "by age, then by id"
+    );
+    assert_eq!(ids(NODE_B), ["r-e"]);
+    assert!(ids("n-other").is_empty());
+}
+
+/// The sweep's verdict ends a run not yet final (failed or lost, with its reason), and leaves a
+/// final run as it is.
+pub fn fail_run_ends_only_active_runs(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    create(
+        &store,
+        "s1",
+        b"p",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            run("r2", "s1", NODE_A, b"p", 2),
+        ],
+    );
+    store
+        .apply_events(NODE_A, &[event(1, "r2", RunState::Running)])
+        .unwrap();
+    let lost = store.fail_run("r2", RunState::Lost, "node gone").unwrap();
+    assert!(
+        lost.is_some_and(|r| r.state == RunState::Lost && r.error.as_deref() == Some("node gone"))
+    );
+    let again = store
+        .fail_run("r2", RunState::Failed, "late")
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.state, RunState::Lost, "a final run stays as it is");
+    assert_eq!(again.error.as_deref(), Some("node gone"));
+    assert!(
+        store
+            .fail_run("r-unknown", RunState::Failed, "x")
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        matches!(
+            store.fail_run("r1", RunState::Running, "x"),
+            Err(StoreError::Refused(_))
+        ),
+        "a run is failed only as failed or lost"
+    );
+    assert_eq!(state_of(&store, "r1"), RunState::Waiting);
+    assert_eq!(active_ids(&store), ["r1"]);
+    assert_eq!(final_count(&store), 1);
+}
+
+/// A set is recorded whole or not at all: new waiting runs of that set, each program given or
+/// already stored; a program already stored is found by digest.
+pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    let p = digest(b"p").to_string();
+    let refused = |result| matches!(result, Err(StoreError::Refused(_)));
+    assert!(
+        refused(store.create_set("s0", &[(&p, b"p")], &[])),
+        "no runs"
+    );
+    assert!(
+        refused(store.create_set("s0", &[], &[run("r0", "s0", NODE_A, b"p", 1)])),
+        "a program neither given nor stored"
+    );
+    assert!(
+        refused(store.create_set("s0", &[(&p, b"p")], &[run("r0", "s9", NODE_A, b"p", 1)])),
+        "a run of another set"
+    );
+    let mut accepted = run("r0", "s0", NODE_A, b"p", 1);
+    accepted.accepted = true;
+    assert!(refused(store.create_set("s0", &[(&p, b"p")], &[accepted])));
+    assert!(store.set_runs("s0").unwrap().is_none(), "nothing recorded");
+    assert!(store.program(&p).unwrap().is_none(), "nothing recorded");
+    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    assert_eq!(store.program(&p).unwrap().as_deref(), Some(&b"p"[..]));
+    store
+        .create_set("s2", &[], &[run("r2", "s2", NODE_A, b"p", 2)])
+        .expect("a stored program need not be given again");
+    assert!(
+        refused(store.create_set("s2", &[], &[run("r3", "s2", NODE_A, b"p", 3)])),
+        "an existing set"
+    );
+    assert!(
+        refused(store.create_set("s3", &[], &[run("r1", "s3", NODE_A, b"p", 3)])),
+        "an existing run"
+    );
+    let s1: Vec<String> = store
+        .set_runs("s1")
+        .unwrap()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(s1, ["r1"]);
+    assert_eq!(active_ids(&store), ["r1", "r2"]);
+    assert_eq!(store.read(|tx| tx.program_refs(&p)).unwrap(), 2);
+}
+
+/// Retention keeps the newest `keep` final runs: beyond it the oldest is pruned, its set once
+/// it has no runs left, its program once no stored run refers to it; a program an active or kept
+/// run uses stays.
+pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
+    let store = open(blank, 2);
+    assert_eq!(store.keep_final_runs(), 2);
+    join(&store, NODE_A, KEY_A);
+    let (p1, p2, p3) = (
+        digest(b"p1").to_string(),
+        digest(b"p2").to_string(),
+        digest(b"p3").to_string(),
+    );
+    create(&store, "s1", b"p1", &[run("r1", "s1", NODE_A, b"p1", 1)]);
+    create(
+        &store,
+        "s2",
+        b"p2",
+        &[
+            run("r2", "s2", NODE_A, b"p2", 2),
+            run("r3", "s2", NODE_A, b"p2", 3),
+        ],
+    );
+    create(
+        &store,
+        "s3",
+        b"p3",
+        &[
+            run("r4", "s3", NODE_A, b"p3", 4),
+            run("r5", "s3", NODE_A, b"p3", 5),
+        ],
+    );
+    let finish = |id: &str, event_id: u64| {
+        store
+            .apply_events(NODE_A, &[event(event_id, id, RunState::Finished)])
+            .unwrap();
+    };
+    finish("r1", 1);
+    finish("r2", 2);
+    assert!(store.run("r1").unwrap().is_some(), "at the limit, all kept");
+    assert_eq!(final_count(&store), 2);
+
+    finish("r4", 3);
+    assert!(
+        store.run("r1").unwrap().is_none(),
+        "the oldest final run is pruned"
+    );
+    assert!(
+        store.set_runs("s1").unwrap().is_none(),
+        "its set, now empty, too"
+    );
+    assert!(
+        store.program(&p1).unwrap().is_none(),
+        "its program, now unused, too"
+    );
+    assert_eq!(final_count(&store), 2);
+
+    store.fail_run("r3", RunState::Failed, "swept").unwrap();
+    assert!(store.run("r2").unwrap().is_none());
+    let s2: Vec<String> = store
+        .set_runs("s2")
+        .unwrap()
+        .expect("a set with a kept run stays")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(s2, ["r3"]);
+    assert!(
+        store.program(&p2).unwrap().is_some(),
+        "a program a kept run uses stays"
+    );
+
+    finish("r5", 4);
+    assert!(store.run("r4").unwrap().is_none());
+    assert_eq!(
+        store.set_runs("s3").unwrap().map(|runs| runs.len()),
+        Some(1)
+    );
+    assert!(store.program(&p3).unwrap().is_some(), "r5 still uses p3");
+    assert_eq!(final_count(&store), 2);
+
+    // A program an active run still uses outlives every final run that used it.
+    create(
+        &store,
+        "s4",
+        b"p1",
+        &[
+            run("r6", "s4", NODE_A, b"p1", 6),
+            run("r7", "s4", NODE_A, b"p1", 7),
+        ],
+    );
+    finish("r6", 5);
+    store.fail_run("r3", RunState::Failed, "again").unwrap();
+    assert!(store.set_runs("s2").unwrap().is_none(), "s2 pruned with r3");
+    assert!(store.program(&p2).unwrap().is_none(), "p2 pruned with r3");
+    create(
+        &store,
+        "s5",
+        b"p2",
+        &[
+            run("r8", "s5", NODE_A, b"p2", 8),
+            run("r9", "s5", NODE_A, b"p2", 9),
+        ],
+    );
+    store.fail_run("r8", RunState::Lost, "gone").unwrap();
+    store.fail_run("r9", RunState::Lost, "gone").unwrap();
+    assert!(store.run("r6").unwrap().is_none(), "r6 pruned");
+    assert!(
+        store.program(&p1).unwrap().is_some(),
+        "r7 (waiting) still uses p1"
+    );
+    assert_eq!(active_ids(&store), ["r7"]);
+    assert_eq!(store.read(|tx| tx.program_refs(&p1)).unwrap(), 1);
+    assert!(
+        store.program(&p3).unwrap().is_none(),
+        "r5 pruned with p3's last use"
+    );
+    assert!(store.set_runs("s3").unwrap().is_none());
+}
+
+/// A store of another schema version is refused at open, with one line naming the store and
+/// both versions.
+pub fn schema_version_mismatch_refused(blank: Blank) {
+    let backend = blank();
+    let location = backend.location();
+    backend.create(SCHEMA_VERSION + 1).unwrap();
+    let err = Store::open(backend, KEEP_FINAL_RUNS)
+        .err()
+        .expect("another version is refused");
+    match &err {
+        StoreError::Schema {
+            store,
+            found,
+            expected,
+        } => {
+            assert_eq!(store, &location);
+            assert_eq!(
+                (*found, *expected),
+                (Some(SCHEMA_VERSION + 1), SCHEMA_VERSION)
+            );
+        }
+        other => panic!("not a schema error: {other}"),
+    }
+    let message = err.to_string();
+    assert!(!message.contains('\n'), "one line: {message}");
+    assert!(message.contains(&location), "{message}");
+    assert!(
+        message.contains(&format!("version {}", SCHEMA_VERSION + 1)),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("version {SCHEMA_VERSION}")),
+        "{message}"
+    );
+
+    let store = open(blank, KEEP_FINAL_RUNS);
+    assert!(
+        store.nodes().unwrap().is_empty(),
+        "a blank backend opens empty"
+    );
+}

@@ -1,0 +1,265 @@
+//! The coordinator's durable state, in three layers:
+//!
+//! - [`Store`] (in `rules.rs`) is what the coordinator calls: one method per intent (redeem a
+//!   token, take the runs waiting for a node, apply a node's events, fail a run, ...), each one
+//!   transaction. The rules live there and only there: events deduped per node by id, states
+//!   moving only forward, a final run retired into the retention order with the oldest pruned
+//!   beyond [`Store::keep_final_runs`] (with its set once empty and its program once no kept run
+//!   refers to it), expired tokens pruned at the next mint, and the schema version checked at open.
+//! - [`Backend`] with [`ReadTx`] and [`WriteTx`] is what a database provides: typed records read
+//!   and written inside one transaction, and nothing else. [`redb::RedbBackend`] is the embedded
+//!   one; a PostgreSQL one implements the same traits.
+//! - [`conformance`] holds one check per rule, run against any backend; every backend must pass
+//!   all of them (`conformance::run_all`).
+//!
+//! Tokens are kept only as hashes.
+use fleet_proto::facts::Facts;
+use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub mod conformance;
+pub mod redb;
+mod rules;
+
+pub use redb::RedbBackend;
+
+/// The newest this many final runs are kept by default.
+pub const KEEP_FINAL_RUNS: u64 = 1000;
+
+/// The layout of the records this coordinator reads and writes; a store records the version it
+/// was created with, and a store of another version is refused at open.
+pub const SCHEMA_VERSION: u64 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    pub expires_at_ms: u64,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The key (`ed25519:...`) that spent the token; only that key is answered again.
+    pub spent_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: String,
+    pub public_key: String,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub facts: Option<Facts>,
+    pub joined_at_ms: u64,
+    pub last_heartbeat_ms: Option<u64>,
+    /// The node counts as `Joined` until then, `lost` after.
+    pub lease_until_ms: u64,
+    /// The fencing token of the node's newest session.
+    pub generation: u64,
+    /// The highest event id stored from this node; anything at or below it is a duplicate.
+    #[serde(default)]
+    pub last_event_id: u64,
+}
+
+/// One run on one node, as the coordinator records it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRow {
+    pub id: String,
+    pub set_id: String,
+    pub node_id: String,
+    pub state: RunState,
+    pub workload: Workload,
+    #[serde(flatten)]
+    pub options: RunOptions,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    /// The node answered the start (the run is its now, whatever happens next).
+    pub accepted: bool,
+    /// What the node reported with the final state: the outcome, and the runtime's record.
+    pub report: Option<RunReport>,
+    /// Why the run failed or was lost, or why an event about it was refused.
+    pub error: Option<String>,
+    /// Each event stored once, by id.
+    pub events: Vec<EventRecord>,
+    /// Sent as-is in place of the start (see [`super::runs::RunRequest::raw_command`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_command: Option<serde_json::Value>,
+}
+
+impl RunRow {
+    /// The digest of the staged program the run executes, if it executes one.
+    pub fn program_digest(&self) -> Option<String> {
+        match &self.workload {
+            Workload::Program(digest) => Some(digest.to_string()),
+            Workload::Image(_) => None,
+        }
+    }
+}
+
+/// One event as stored on its run: its state, or why it was refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub id: u64,
+    pub state: Option<RunState>,
+    /// At the node, by the node's clock.
+    pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+/// An event as it came from a node: one this coordinator understands, or one it cannot read
+/// (a state from a newer agent), which is stored as refused with its reason and never applied.
+// Nearly every event is `Known`: boxing it would cost an allocation per event to shrink the rare
+// variant.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum NodeEvent {
+    Known(Event),
+    Unreadable {
+        id: u64,
+        run_id: String,
+        at_ms: u64,
+        reason: String,
+    },
+}
+
+impl NodeEvent {
+    pub fn id(&self) -> u64 {
+        match self {
+            NodeEvent::Known(e) => e.id,
+            NodeEvent::Unreadable { id, .. } => *id,
+        }
+    }
+
+    pub fn run_id(&self) -> &str {
+        match self {
+            NodeEvent::Known(e) => &e.run_id,
+            NodeEvent::Unreadable { run_id, .. } => run_id,
+        }
+    }
+}
+
+/// A join answered: the node, and whether this request spent the token (false: a retry).
+#[derive(Debug, Clone)]
+pub struct Redeemed {
+    pub node: NodeRecord,
+    pub first: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the coordinator store {} is in use by another process: stop it, or run this command while `coordinator serve` is up so it goes through its socket", .0.display())]
+    Locked(PathBuf),
+    #[error("cannot open the coordinator store {}: {reason}", path.display())]
+    Open { path: PathBuf, reason: String },
+    /// The store was written with another schema version, or holds no version at all (it is not
+    /// a coordinator store); it is left as it is.
+    #[error("{}", schema_message(store, *found, *expected))]
+    Schema {
+        /// The store's file or database, as its backend names it.
+        store: String,
+        /// The version recorded in the store; None when it records none.
+        found: Option<u64>,
+        /// The version this coordinator reads and writes.
+        expected: u64,
+    },
+    /// A change the rules do not allow (a caller's mistake, not the store's).
+    #[error("the coordinator store refused a change: {0}")]
+    Refused(String),
+    #[error("the coordinator store failed: {0}")]
+    Db(String),
+    #[error("the coordinator store holds a corrupt record under {0}")]
+    Corrupt(String),
+}
+
+fn schema_message(store: &str, found: Option<u64>, expected: u64) -> String {
+    match found {
+        Some(found) => format!(
+            "the coordinator store {store} has schema version {found}, but this coordinator reads version {expected}: run the coordinator that wrote it, or move the store aside"
+        ),
+        None => format!(
+            "{store} records no schema version: it is not a coordinator store, or one written before stores recorded their version (this coordinator writes version {expected}); it is left untouched: move it aside or choose another data directory"
+        ),
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// What a backend finds where its store should be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Nothing at all yet: the store is created there.
+    Blank,
+    /// A coordinator store of this schema version.
+    Version(u64),
+    /// Something else (records without a schema version): refused, never overwritten.
+    Unversioned,
+}
+
+/// What a database provides to [`Store`]: typed records inside transactions. It holds no rules;
+/// every method does exactly what it says to the records named.
+pub trait Backend: Send + Sync {
+    /// The store's file or database, for messages.
+    fn location(&self) -> String;
+    /// What is there: nothing, a coordinator store of some version, or something else.
+    fn layout(&self) -> StoreResult<Layout>;
+    /// Lays out a blank store and records `version` as its schema version.
+    fn create(&self, version: u64) -> StoreResult<()>;
+    /// Runs `f` on a consistent snapshot.
+    fn read(&self, f: &mut dyn FnMut(&dyn ReadTx) -> StoreResult<()>) -> StoreResult<()>;
+    /// Runs `f` in one transaction: committed when `f` returns Ok, rolled back when it fails. A
+    /// backend may run `f` again after a conflict (a serialization failure in PostgreSQL); only
+    /// the committed run's writes count.
+    fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()>;
+}
+
+/// Reads inside a transaction.
+pub trait ReadTx {
+    /// Token hash -> token.
+    fn token(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
+    /// Every token with its hash, in any order.
+    fn tokens(&self) -> StoreResult<Vec<(String, TokenRecord)>>;
+    fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>>;
+    /// Every node, in any order.
+    fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
+    /// Program digest -> its bytes.
+    fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>>;
+    /// How many stored runs refer to the program (0 when unknown).
+    fn program_refs(&self, digest: &str) -> StoreResult<u64>;
+    fn run(&self, id: &str) -> StoreResult<Option<RunRow>>;
+    /// Set id -> the ids of its runs, in the order they were created.
+    fn set(&self, id: &str) -> StoreResult<Option<Vec<String>>>;
+    /// The ids of the runs in the active index, for one node or for all, in any order.
+    fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>>;
+    /// How many runs the retention order holds.
+    fn final_count(&self) -> StoreResult<u64>;
+}
+
+/// Writes inside a transaction (on top of its reads, which see them).
+pub trait WriteTx: ReadTx {
+    fn put_token(&mut self, hash: &str, token: &TokenRecord) -> StoreResult<()>;
+    fn remove_token(&mut self, hash: &str) -> StoreResult<()>;
+    fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()>;
+    fn put_program(&mut self, digest: &str, bytes: &[u8]) -> StoreResult<()>;
+    fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()>;
+    /// Removes the program and its reference count.
+    fn remove_program(&mut self, digest: &str) -> StoreResult<()>;
+    fn put_run(&mut self, run: &RunRow) -> StoreResult<()>;
+    fn remove_run(&mut self, id: &str) -> StoreResult<()>;
+    fn put_set(&mut self, id: &str, run_ids: &[String]) -> StoreResult<()>;
+    fn remove_set(&mut self, id: &str) -> StoreResult<()>;
+    /// Adds a run to the active index under its node.
+    fn put_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    fn remove_active(&mut self, run_id: &str) -> StoreResult<()>;
+    /// Appends a run to the retention order (after every run appended before).
+    fn push_final(&mut self, run_id: &str) -> StoreResult<()>;
+    /// Takes the oldest run out of the retention order.
+    fn pop_final(&mut self) -> StoreResult<Option<String>>;
+}
+
+/// Everything the coordinator remembers, over one backend; each method is one transaction. The
+/// methods are in `rules.rs`.
+pub struct Store {
+    backend: Box<dyn Backend>,
+    keep_final_runs: u64,
+}

@@ -1,0 +1,473 @@
+//! The intents the coordinator stores, and the rules they follow, written once over any
+//! [`Backend`].
+use super::{
+    Backend, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx, Redeemed, RunRow, SCHEMA_VERSION,
+    Store, StoreError, StoreResult, TokenRecord, WriteTx,
+};
+use fleet_proto::facts::Facts;
+use fleet_proto::fsutil::now_ms;
+use fleet_proto::run::RunState;
+use std::collections::BTreeMap;
+
+impl Store {
+    /// Opens the store over `backend`: a blank one is created at [`SCHEMA_VERSION`]; one of
+    /// another version, or one that records none, is refused with [`StoreError::Schema`] and left
+    /// as it is. The newest `keep_final_runs` final runs are kept (at least one).
+    pub fn open(backend: Box<dyn Backend>, keep_final_runs: u64) -> StoreResult<Store> {
+        let found = match backend.layout()? {
+            Layout::Blank => {
+                backend.create(SCHEMA_VERSION)?;
+                backend.layout()?
+            }
+            found => found,
+        };
+        let schema = |found| StoreError::Schema {
+            store: backend.location(),
+            found,
+            expected: SCHEMA_VERSION,
+        };
+        match found {
+            Layout::Version(SCHEMA_VERSION) => {}
+            Layout::Version(other) => return Err(schema(Some(other))),
+            Layout::Unversioned => return Err(schema(None)),
+            Layout::Blank => {
+                return Err(StoreError::Db(format!(
+                    "{} is still blank after it was created",
+                    backend.location()
+                )));
+            }
+        }
+        Ok(Store {
+            backend,
+            keep_final_runs: keep_final_runs.max(1),
+        })
+    }
+
+    /// How many final runs the retention keeps.
+    pub fn keep_final_runs(&self) -> u64 {
+        self.keep_final_runs
+    }
+
+    /// The store's file or database, for messages.
+    pub fn location(&self) -> String {
+        self.backend.location()
+    }
+
+    /// A read-only look at the records, on one snapshot (for reports and tests).
+    pub fn read<T>(&self, mut f: impl FnMut(&dyn ReadTx) -> StoreResult<T>) -> StoreResult<T> {
+        let mut out = None;
+        self.backend.read(&mut |tx| {
+            out = Some(f(tx)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| StoreError::Db("the backend skipped a read".into()))
+    }
+
+    /// One transaction; `f` may run again if the backend retries it.
+    fn write<T>(&self, mut f: impl FnMut(&mut dyn WriteTx) -> StoreResult<T>) -> StoreResult<T> {
+        let mut out = None;
+        self.backend.write(&mut |tx| {
+            out = Some(f(tx)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| StoreError::Db("the backend skipped a transaction".into()))
+    }
+
+    /// Records a freshly minted token, and drops every token whose expiry passed by `now_ms`
+    /// (the coordinator's clock). A spent token stays until it expires: its join is answered
+    /// again for the same key until then.
+    pub fn add_token(&self, hash: &str, token: &TokenRecord, now_ms: u64) -> StoreResult<()> {
+        self.write(|tx| {
+            for (old, record) in tx.tokens()? {
+                if now_ms >= record.expires_at_ms {
+                    tx.remove_token(&old)?;
+                }
+            }
+            tx.put_token(hash, token)
+        })
+    }
+
+    /// Spends the token for `key` and records the node; answers again for the same key until the
+    /// token expires; None for an unknown, expired, or foreign-spent token.
+    pub fn redeem(
+        &self,
+        hash: &str,
+        key: &str,
+        node_id: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> StoreResult<Option<Redeemed>> {
+        self.write(|tx| {
+            let Some(mut token) = tx.token(hash)? else {
+                return Ok(None);
+            };
+            if now_ms >= token.expires_at_ms {
+                return Ok(None);
+            }
+            match token.spent_by.as_deref() {
+                Some(spender) if spender != key => Ok(None),
+                Some(_) => Ok(tx
+                    .node(node_id)?
+                    .map(|node| Redeemed { node, first: false })),
+                None => {
+                    token.spent_by = Some(key.to_string());
+                    tx.put_token(hash, &token)?;
+                    let node = NodeRecord {
+                        id: node_id.to_string(),
+                        public_key: key.to_string(),
+                        name: token.name.clone(),
+                        labels: token.labels.clone(),
+                        facts: None,
+                        joined_at_ms: now_ms,
+                        last_heartbeat_ms: None,
+                        lease_until_ms,
+                        generation: 0,
+                        last_event_id: 0,
+                    };
+                    tx.put_node(&node)?;
+                    Ok(Some(Redeemed { node, first: true }))
+                }
+            }
+        })
+    }
+
+    /// Whether some machine may still be waiting to join (an unexpired, unspent token exists).
+    pub fn has_waiting_token(&self, now_ms: u64) -> StoreResult<bool> {
+        self.read(|tx| {
+            Ok(tx
+                .tokens()?
+                .iter()
+                .any(|(_, t)| t.spent_by.is_none() && now_ms < t.expires_at_ms))
+        })
+    }
+
+    pub fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
+        self.read(|tx| tx.node(id))
+    }
+
+    pub fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+        self.read(|tx| tx.nodes())
+    }
+
+    /// Starts a session: a new, higher generation, and a fresh lease.
+    pub fn open_session(&self, id: &str, lease_until_ms: u64) -> StoreResult<u64> {
+        self.update_node(id, &mut |node| {
+            node.generation += 1;
+            node.lease_until_ms = lease_until_ms;
+        })
+        .map(|node| node.generation)
+    }
+
+    /// Records a heartbeat (and new facts, when given) and extends the lease.
+    pub fn heartbeat(
+        &self,
+        id: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+        facts: Option<Facts>,
+    ) -> StoreResult<()> {
+        self.update_node(id, &mut |node| {
+            node.last_heartbeat_ms = Some(now_ms);
+            node.lease_until_ms = lease_until_ms;
+            if let Some(facts) = &facts {
+                node.facts = Some(facts.clone());
+            }
+        })
+        .map(drop)
+    }
+
+    fn update_node(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut NodeRecord),
+    ) -> StoreResult<NodeRecord> {
+        self.write(|tx| {
+            let mut node = known_node(tx, id)?;
+            change(&mut node);
+            tx.put_node(&node)?;
+            Ok(node)
+        })
+    }
+
+    /// The bytes of a program, to stage on a node.
+    pub fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.read(|tx| tx.program(digest))
+    }
+
+    /// Records a set and its runs (all `waiting`, none accepted) in one transaction, with the
+    /// programs they execute that are not stored yet (`(digest, bytes)`; one already stored is
+    /// not written again). Each run holds a reference on its program until it is pruned.
+    pub fn create_set(
+        &self,
+        set_id: &str,
+        programs: &[(&str, &[u8])],
+        runs: &[RunRow],
+    ) -> StoreResult<()> {
+        let refused = |why: String| Err(StoreError::Refused(why));
+        if runs.is_empty() {
+            return refused(format!("the set {set_id} has no runs"));
+        }
+        if let Some(run) = runs
+            .iter()
+            .find(|r| r.set_id != set_id || r.state != RunState::Waiting || r.accepted)
+        {
+            return refused(format!(
+                "the run {} is not a new waiting run of the set {set_id}",
+                run.id
+            ));
+        }
+        let mut uses: BTreeMap<String, u64> = BTreeMap::new();
+        for digest in runs.iter().filter_map(RunRow::program_digest) {
+            *uses.entry(digest).or_default() += 1;
+        }
+        let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
+        self.write(|tx| {
+            if tx.set(set_id)?.is_some() {
+                return refused(format!("the set {set_id} exists already"));
+            }
+            for (digest, count) in &uses {
+                let refs = tx.program_refs(digest)?;
+                if refs == 0 {
+                    match programs.iter().find(|(d, _)| d == digest) {
+                        Some((_, bytes)) => tx.put_program(digest, bytes)?,
+                        None if tx.program(digest)?.is_some() => {}
+                        None => {
+                            return refused(format!(
+                                "the set {set_id} runs the program {digest}, which is not stored"
+                            ));
+                        }
+                    }
+                }
+                tx.set_program_refs(digest, refs + count)?;
+            }
+            for run in runs {
+                if tx.run(&run.id)?.is_some() {
+                    return refused(format!("the run {} exists already", run.id));
+                }
+                tx.put_run(run)?;
+                tx.put_active(&run.id, &run.node_id)?;
+            }
+            tx.put_set(set_id, &ids)
+        })
+    }
+
+    /// The runs of a set, or None for an unknown set (or one pruned by the retention).
+    pub fn set_runs(&self, set_id: &str) -> StoreResult<Option<Vec<RunRow>>> {
+        self.read(|tx| {
+            let Some(ids) = tx.set(set_id)? else {
+                return Ok(None);
+            };
+            runs_of(tx, &ids).map(Some)
+        })
+    }
+
+    pub fn run(&self, id: &str) -> StoreResult<Option<RunRow>> {
+        self.read(|tx| tx.run(id))
+    }
+
+    /// Every run not yet final, by id.
+    pub fn active_runs(&self) -> StoreResult<Vec<RunRow>> {
+        self.read(|tx| {
+            let mut ids = tx.active(None)?;
+            ids.sort();
+            runs_of(tx, &ids)
+        })
+    }
+
+    /// The runs waiting for `node_id` that it has not accepted yet, oldest first (by id among
+    /// runs created together).
+    pub fn waiting_runs(&self, node_id: &str) -> StoreResult<Vec<RunRow>> {
+        self.read(|tx| {
+            let mut runs = runs_of(tx, &tx.active(Some(node_id))?)?;
+            runs.retain(|r| r.node_id == node_id && !r.accepted && !r.state.is_final());
+            runs.sort_by(|a, b| {
+                a.created_ms
+                    .cmp(&b.created_ms)
+                    .then_with(|| a.id.cmp(&b.id))
+            });
+            Ok(runs)
+        })
+    }
+
+    /// Records the node's answers to starts, in one transaction: each run is the node's now;
+    /// an error answer fails a run not yet final.
+    pub fn accept_runs(&self, answers: &[(String, Option<String>)]) -> StoreResult<()> {
+        let keep = self.keep_final_runs;
+        self.write(|tx| {
+            for (id, error) in answers {
+                change_run(tx, keep, id, &mut |r| {
+                    let mut changed = !r.accepted;
+                    r.accepted = true;
+                    if let Some(error) = error
+                        && r.state.may_become(RunState::Failed)
+                    {
+                        r.state = RunState::Failed;
+                        r.error = Some(error.clone());
+                        changed = true;
+                    }
+                    changed
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Stores a node's events once each (dedupe by id) and applies them to their runs, only
+    /// forward; returns the highest id stored from that node, which the node may forget up to.
+    pub fn apply_events(&self, node_id: &str, events: &[NodeEvent]) -> StoreResult<u64> {
+        let keep = self.keep_final_runs;
+        self.write(|tx| {
+            let mut node = known_node(tx, node_id)?;
+            for event in events {
+                if event.id() <= node.last_event_id {
+                    continue;
+                }
+                node.last_event_id = event.id();
+                let Some(mut row) = tx.run(event.run_id())?.filter(|r| r.node_id == node_id) else {
+                    continue;
+                };
+                let was_final = row.state.is_final();
+                record_event(&mut row, event);
+                row.updated_ms = now_ms();
+                tx.put_run(&row)?;
+                if !was_final && row.state.is_final() {
+                    retire(tx, keep, &row.id)?;
+                }
+            }
+            tx.put_node(&node)?;
+            Ok(node.last_event_id)
+        })
+    }
+
+    /// Ends a run not yet final as `failed` or `lost` with its reason (the sweep's verdict);
+    /// a final run stays as it is. Returns the run as it is now, None for an unknown run.
+    pub fn fail_run(&self, id: &str, state: RunState, reason: &str) -> StoreResult<Option<RunRow>> {
+        if !matches!(state, RunState::Failed | RunState::Lost) {
+            return Err(StoreError::Refused(format!(
+                "a run cannot be failed as {state}"
+            )));
+        }
+        let keep = self.keep_final_runs;
+        self.write(|tx| {
+            change_run(tx, keep, id, &mut |r| {
+                let moves = r.state.may_become(state);
+                if moves {
+                    r.state = state;
+                    r.error = Some(reason.to_string());
+                }
+                moves
+            })
+        })
+    }
+}
+
+/// A node that sends anything has joined, so a missing record means the store is damaged.
+fn known_node<T: ReadTx + ?Sized>(tx: &T, id: &str) -> StoreResult<NodeRecord> {
+    tx.node(id)?
+        .ok_or_else(|| StoreError::Corrupt(format!("node {id} (missing)")))
+}
+
+/// The runs under `ids` that exist, in that order.
+fn runs_of<T: ReadTx + ?Sized>(tx: &T, ids: &[String]) -> StoreResult<Vec<RunRow>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        out.extend(tx.run(id)?);
+    }
+    Ok(out)
+}
+
+/// Changes one run when `change` says it changed; a run becoming final is retired. Returns the
+/// run as it is now.
+fn change_run(
+    tx: &mut dyn WriteTx,
+    keep: u64,
+    id: &str,
+    change: &mut dyn FnMut(&mut RunRow) -> bool,
+) -> StoreResult<Option<RunRow>> {
+    let Some(mut row) = tx.run(id)? else {
+        return Ok(None);
+    };
+    let was_final = row.state.is_final();
+    if !change(&mut row) {
+        return Ok(Some(row));
+    }
+    row.updated_ms = now_ms();
+    tx.put_run(&row)?;
+    if !was_final && row.state.is_final() {
+        retire(tx, keep, id)?;
+    }
+    Ok(Some(row))
+}
+
+/// Records one event on its run and moves the run forward when the event allows. An unreadable
+/// event is recorded as refused and changes nothing else.
+fn record_event(row: &mut RunRow, event: &NodeEvent) {
+    let event = match event {
+        NodeEvent::Known(event) => event,
+        NodeEvent::Unreadable {
+            id, at_ms, reason, ..
+        } => {
+            row.events.push(EventRecord {
+                id: *id,
+                state: None,
+                at_ms: *at_ms,
+                refused: Some(reason.clone()),
+            });
+            return;
+        }
+    };
+    row.events.push(EventRecord {
+        id: event.id,
+        state: Some(event.state),
+        at_ms: event.at_unix_ms,
+        refused: None,
+    });
+    if !row.state.may_become(event.state) {
+        return;
+    }
+    row.state = event.state;
+    if event.state.is_final() {
+        if let Some(error) = &event.report.error {
+            row.error = Some(error.clone());
+        }
+        row.report = Some(event.report.clone());
+    }
+}
+
+/// A run became final: out of the active index, into the retention order; beyond `keep`, the
+/// oldest final runs are pruned.
+fn retire(tx: &mut dyn WriteTx, keep: u64, id: &str) -> StoreResult<()> {
+    tx.remove_active(id)?;
+    tx.push_final(id)?;
+    while tx.final_count()? > keep {
+        let Some(oldest) = tx.pop_final()? else {
+            break;
+        };
+        prune(tx, &oldest)?;
+    }
+    Ok(())
+}
+
+/// Removes a final run, its set once it has no runs left, and its program once no stored run
+/// refers to it.
+fn prune(tx: &mut dyn WriteTx, id: &str) -> StoreResult<()> {
+    let Some(run) = tx.run(id)? else {
+        return Ok(());
+    };
+    tx.remove_run(id)?;
+    if let Some(mut ids) = tx.set(&run.set_id)? {
+        ids.retain(|r| r != id);
+        if ids.is_empty() {
+            tx.remove_set(&run.set_id)?;
+        } else {
+            tx.put_set(&run.set_id, &ids)?;
+        }
+    }
+    if let Some(digest) = run.program_digest() {
+        match tx.program_refs(&digest)?.saturating_sub(1) {
+            0 => tx.remove_program(&digest)?,
+            refs => tx.set_program_refs(&digest, refs)?,
+        }
+    }
+    Ok(())
+}
