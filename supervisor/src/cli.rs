@@ -92,7 +92,7 @@ pub enum Command {
 
 /// `start --run ID --program sha256:HEX [...] -- ARG...`; `None` means the flag is absent and
 /// its default applies.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Start {
     pub run: String,
     pub program: String,
@@ -138,14 +138,8 @@ impl Start {
         Start {
             run: run.to_string(),
             program: program.to_string(),
-            timeout: None,
-            grace: None,
-            output_limit: None,
-            keep: None,
-            env: Vec::new(),
-            inputs: Vec::new(),
-            no_cgroup: false,
             args: args.into_iter().map(Into::into).collect(),
+            ..Start::default()
         }
     }
 
@@ -335,18 +329,7 @@ pub fn seconds_arg(d: Duration) -> String {
 
 fn parse_start(p: &mut Parser) -> Result<Start> {
     let (mut run, mut program) = (None, None);
-    let mut start = Start {
-        run: String::new(),
-        program: String::new(),
-        timeout: None,
-        grace: None,
-        output_limit: None,
-        keep: None,
-        env: Vec::new(),
-        inputs: Vec::new(),
-        no_cgroup: false,
-        args: Vec::new(),
-    };
+    let mut start = Start::default();
     while let Some(arg) = p.next()? {
         match arg {
             Arg::Long("run") => run = Some(p.value()?.string()?),

@@ -258,3 +258,31 @@ fn status(coord: &Coordinator, set: &str) -> Vec<Value> {
     let out = testkit::ok(coord.command().args(["status", "--set", set, "--json"]));
     serde_json::from_str(&out).unwrap()
 }
+
+#[test]
+fn the_agent_links_no_coordinator_code() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    let tree = testkit::ok(
+        std::process::Command::new(env!("CARGO"))
+            .current_dir(root)
+            .args([
+                "tree",
+                "--offline",
+                "-p",
+                "fleet-agent",
+                "-e",
+                "normal",
+                "--prefix",
+                "none",
+            ]),
+    );
+    assert!(tree.contains("fleet-proto"), "{tree}");
+    for server_side in ["fleet-coordinator", "tokio-postgres", "sqlx"] {
+        assert!(
+            !tree.contains(server_side),
+            "fleet-agent depends on {server_side}:\n{tree}"
+        );
+    }
+}

@@ -8,42 +8,15 @@ use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
 use fleet_coordinator::runs::{Collected, RunRequest, RunView, SetView};
 use fleet_coordinator::{self as coordinator, Coordinator, NodeView, TokenRequest};
 use fleet_coordinator::{operator, serve, userdata};
+use fleet_proto::binary;
 use fleet_proto::joinfile::JoinFile;
-use fleet_proto::logging;
 use fleet_proto::run::RunOptions;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn main() {
     let cli = Cli::parse();
-    let log_format = cli.log_format;
-    logging::init(log_format);
-    let result = run_coordinator(cli);
-    if let Err(err) = result {
-        // A JSON log carries the fatal line too, for collectors; a human reads it once on stderr.
-        if matches!(log_format, logging::LogFormat::Json) {
-            tracing::error!("{err:#}");
-        }
-        eprintln!("fleet-coordinator: {err:#}");
-        std::process::exit(1);
-    }
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    // One thread serves every session; store calls go to the blocking pool.
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("can watch SIGTERM");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    binary::run("fleet-coordinator", cli.log_format, || run_coordinator(cli));
 }
 
 /// How long an operator command or `serve` waits for the other to let go of the store.
@@ -224,7 +197,11 @@ fn operate(data: &std::path::Path, request: operator::Request) -> Result<serde_j
         }
         match Coordinator::open(data) {
             Ok(coordinator) => {
-                break runtime()?.block_on(operator::handle(Arc::new(coordinator), None, request));
+                break binary::async_runtime()?.block_on(operator::handle(
+                    Arc::new(coordinator),
+                    None,
+                    request,
+                ));
             }
             // `serve` holds the store and is about to open its socket.
             Err(coordinator::CoordinatorError::Store(
@@ -281,7 +258,7 @@ fn serve_coordinator(data: &std::path::Path, args: ServeArgs) -> Result<()> {
         max_session_validity: args.max_session_validity,
         waiting_timeout: args.waiting_timeout,
     };
-    runtime()?.block_on(async {
+    binary::async_runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -291,7 +268,7 @@ fn serve_coordinator(data: &std::path::Path, args: ServeArgs) -> Result<()> {
         let socket = operator::bind(data).context("cannot open the operator socket")?;
         let socket = tokio::spawn(operator::listen(socket, coordinator.clone(), Some(advertise)));
         println!("listening on {local}");
-        let served = serve::serve(coordinator.clone(), listener, config, stop_signal()).await;
+        let served = serve::serve(coordinator.clone(), listener, config, binary::stop_signal()).await;
         socket.abort();
         let _ = std::fs::remove_file(operator::socket_path(data));
         served.context("the coordinator stopped")

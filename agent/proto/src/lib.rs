@@ -2,8 +2,9 @@
 //! (`fleet-coordinator`): messages and framing, pinned TLS, join files, facts, runs.
 //!
 //! API: every module is public; `protocol` and `run` are the wire, `pin` and `joinfile` the
-//! trust, `facts` what a machine reports. `fsutil`, `duration` and `logging` are the small
-//! helpers both binaries share.
+//! trust, `facts` what a machine reports. `binary`, `fsutil`, `duration` and `logging` are the
+//! small helpers both binaries share.
+pub mod binary;
 pub mod duration;
 pub mod facts;
 pub mod fsutil;
