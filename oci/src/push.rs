@@ -8,7 +8,7 @@ use crate::remote::blobs::{DEFAULT_CHUNK, Put, Started};
 use crate::remote::verify::{self, ByteStream, Verdict};
 use crate::remote::{self, Client, RemoteError};
 use crate::spec::Descriptor;
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 
 /// How blobs are moved.
 #[derive(Debug, Clone)]
@@ -44,14 +44,29 @@ pub async fn move_blobs(
     let mut order: Vec<Descriptor> = blobs.to_vec();
     // Largest first, so the long transfers overlap the short ones instead of trailing at the end.
     order.sort_by(|a, b| b.size.cmp(&a.size).then(a.digest.cmp(&b.digest)));
-    futures_util::stream::iter(order)
-        .map(|d| async move {
-            let moved = move_blob(src, dst, &d, options, progress).await?;
-            Ok::<_, CopyError>((d, moved))
-        })
-        .buffer_unordered(options.jobs.max(1))
-        .try_collect()
-        .await
+    // After a failure no new transfer starts, and those under way end on their own (finished, or
+    // failed and their upload session cancelled) instead of being dropped mid-upload.
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let outcomes: Vec<Option<Result<(Descriptor, Moved), CopyError>>> =
+        futures_util::stream::iter(order)
+            .map(|d| {
+                let failed = &failed;
+                async move {
+                    if failed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return None;
+                    }
+                    let moved = move_blob(src, dst, &d, options, progress).await;
+                    if moved.is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Some(moved.map(|m| (d, m)))
+                }
+            })
+            .buffer_unordered(options.jobs.max(1))
+            .collect()
+            .await;
+    // The first failure, in the order they happened.
+    outcomes.into_iter().flatten().collect()
 }
 
 async fn move_blob(
