@@ -97,15 +97,29 @@ pub enum Probe {
 /// Says what a path holds, or why it can never be a layout. Writes nothing. A directory that looks
 /// half made waits for the command making (or taking back) a layout there, then is looked at again.
 pub fn probe(dir: &Path) -> Result<Probe> {
-    match probe_now(dir) {
-        Err(LayoutError::NotALayout(_)) => {
-            // Another command holds the layout's lock while it makes one here or takes one back.
-            if let Ok(d) = File::open(dir) {
-                let _ = rustix::fs::flock(&d, rustix::fs::FlockOperation::LockShared);
+    loop {
+        match probe_now(dir) {
+            Err(LayoutError::NotALayout(_)) => {
+                // Another command holds the layout's lock while it makes one here or takes one back.
+                let Ok(held) = File::open(dir) else { continue };
+                rustix::fs::flock(&held, rustix::fs::FlockOperation::LockShared)
+                    .map_err(|e| io_err("lock", dir)(e.into()))?;
+                // Unless the directory waited on was taken back, what is there now is whole.
+                if same_file(&held, dir) {
+                    return probe_now(dir);
+                }
             }
-            probe_now(dir)
+            other => return other,
         }
-        other => other,
+    }
+}
+
+/// Whether an open file is still the one at `path`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 
@@ -217,11 +231,7 @@ impl LayoutLock {
     /// Whether the locked directory is still the one at `dir` (a command that failed while this
     /// one waited may have removed the layout it had made).
     fn still_at(&self, dir: &Path) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        match (self.dir.metadata(), fs::metadata(dir)) {
-            (Ok(held), Ok(now)) => (held.dev(), held.ino()) == (now.dev(), now.ino()),
-            _ => false,
-        }
+        same_file(&self.dir, dir)
     }
 }
 
@@ -315,7 +325,6 @@ impl Layout {
     /// Removes the temporary files whose owner is gone: a live owner holds a lock on its file.
     /// Best effort: a file that cannot be removed now is tried again by the next writer.
     fn sweep(&self) {
-        use std::os::unix::fs::MetadataExt;
         for dir in [self.dir.clone(), self.dir.join("blobs/sha256")] {
             for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
                 let path = entry.path();
@@ -333,11 +342,7 @@ impl Layout {
                     rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
                         .is_ok();
                 // Still under that name (not just renamed to a blob by an owner that finished).
-                let same = match (file.metadata(), fs::symlink_metadata(&path)) {
-                    (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-                    _ => false,
-                };
-                if unowned && same {
+                if unowned && same_file(&file, &path) {
                     let _ = fs::remove_file(&path);
                 }
             }

@@ -1039,8 +1039,38 @@ fn concurrent_writers_all_land(tmp: &Path, layout: &Path, existing: bool) {
         ];
         started.push(("multi".into(), spawn(&args)));
     }
+    // Builds that fail at the same time (a socket in the root) take back only what they added,
+    // even when one of them made the layout.
+    let bad = tmp.join("bad");
+    fs::create_dir_all(&bad).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(bad.join("sock")).unwrap();
+    let failing: Vec<std::process::Child> = (0..3)
+        .map(|i| {
+            let name = format!("bad{i}");
+            let args = [
+                os("build"),
+                os("--layout"),
+                l,
+                os("--ref"),
+                os(&name),
+                os("--root"),
+                bad.as_os_str(),
+            ];
+            spawn(&args)
+        })
+        .collect();
     for (name, child) in started {
         expected.push((name, landed(child)));
+    }
+    for child in failing {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!(
+                "oci: {} is a socket: a layer holds only files, directories and symlinks; remove it from the root\n",
+                bad.join("sock").display()
+            )
+        );
     }
     for (name, digest) in &expected {
         if name.starts_with('c') {
