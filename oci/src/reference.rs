@@ -253,6 +253,7 @@ mod tests {
             "docker://host/app@sha256:abc",
             "oci:dir",
             "http://host/app",
+            "docker://host/team/app:bad:tag",
         ] {
             let err = bad.parse::<ImageRef>().unwrap_err().to_string();
             assert!(
@@ -261,5 +262,13 @@ mod tests {
             );
             assert!(err.ends_with(FORMS), "{err}");
         }
+        // A second ':' is in the tag, so the tag is what is reported.
+        let err = "docker://host/team/app:bad:tag"
+            .parse::<ImageRef>()
+            .unwrap_err();
+        assert_eq!(
+            err.why,
+            "the tag must be 1 to 128 letters, digits, _ . or -, not starting with . or -"
+        );
     }
 }
