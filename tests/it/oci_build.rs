@@ -1249,7 +1249,15 @@ fn a_ref_named_twice_is_refused_by_every_command_naming_both_digests() {
     // By digest, each image is there.
     let by_digest = format!("oci:{}@{second}", layout.display());
     assert_eq!(inspect(&by_digest)["digest"], second.as_str());
-    // umoci refuses the layout too; rebuilding the ref leaves it named once.
+    // umoci refuses it too.
+    let umoci = fails(
+        Command::new("umoci")
+            .arg("stat")
+            .arg("--image")
+            .arg(format!("{}:app", layout.display())),
+    );
+    assert!(umoci.contains("tag is ambiguous"), "{umoci}");
+    // Rebuilding the ref leaves it named once.
     build(
         &layout,
         "app",
