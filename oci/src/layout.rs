@@ -697,18 +697,17 @@ impl Rollback {
 
 impl Drop for Rollback {
     fn drop(&mut self) {
+        if !self.keep {
+            // Best effort: the command is already failing with its own error.
+            for blob in &self.blobs {
+                let _ = fs::remove_file(blob);
+            }
+            if let Some(made_dir) = self.created {
+                cleanup::remove_layout(&self.dir, made_dir);
+            }
+        }
         if self.created.is_some() {
             cleanup::registry().remove_layout(&self.dir);
-        }
-        if self.keep {
-            return;
-        }
-        // Best effort: the command is already failing with its own error.
-        for blob in &self.blobs {
-            let _ = fs::remove_file(blob);
-        }
-        if let Some(made_dir) = self.created {
-            cleanup::remove_layout(&self.dir, made_dir);
         }
     }
 }
