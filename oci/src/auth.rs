@@ -176,7 +176,15 @@ fn helper_get(helper: &str, host: &str) -> Result<Option<Credential>, AuthError>
         host: host.to_string(),
         msg,
     };
-    let mut child = Command::new(format!("docker-credential-{helper}"))
+    let mut command = Command::new(format!("docker-credential-{helper}"));
+    // SAFETY: the hook only calls pthread_sigmask, which is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(
+            &mut command,
+            crate::cleanup::unblock_for_child,
+        );
+    }
+    let mut child = command
         .arg("get")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -59,6 +59,8 @@ pub enum BuildError {
     RootMissing(PathBuf),
     #[error("root {} is not a directory: pass the folder to put in the image", .0.display())]
     RootNotADirectory(PathBuf),
+    #[error("root {} is inside the layout {}: pass a root outside the layout", .root.display(), .layout.display())]
+    RootInLayout { root: PathBuf, layout: PathBuf },
     #[error("bad prefix {0:?}: it must be an absolute path such as /app")]
     PrefixNotAbsolute(String),
     #[error("bad prefix {0:?}: it must not hold . or .. components")]
@@ -272,7 +274,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built> {
         Ok(m) if !m.is_dir() => return Err(BuildError::RootNotADirectory(opts.root.clone())),
         Ok(_) => {}
     }
-    let before = layout::probe(&opts.layout)?;
+    layout::probe(&opts.layout)?;
     let base = opts
         .base
         .as_ref()
@@ -284,9 +286,8 @@ pub fn build(opts: &BuildOptions) -> Result<Built> {
         (None, None) => Platform::parse(DEFAULT_PLATFORM)?,
     };
 
-    let mut rollback = Rollback::new(&opts.layout, before);
-    let layout = Layout::create(&opts.layout)?;
-    rollback.hold(layout.lock()?);
+    let (layout, mut rollback) = Layout::create_locked(&opts.layout)?;
+    let skip = layout_in_root(&opts.root, &opts.layout)?;
 
     // Base layers first: a corrupt base blob must be found before a new blob could overwrite it.
     let mut layers = Vec::new();
@@ -297,7 +298,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built> {
             layers.push(d.clone());
         }
     }
-    let (layer, diff_id) = write_layer(&layout, &mut rollback, opts, &prefix, epoch)?;
+    let (layer, diff_id) = write_layer(&layout, &mut rollback, opts, &prefix, epoch, skip)?;
     layers.push(layer.clone());
 
     let created = epoch::rfc3339(epoch);
@@ -339,6 +340,38 @@ pub fn build(opts: &BuildOptions) -> Result<Built> {
     })
 }
 
+/// The layout's directory (device, inode) when it lies inside the root, so the walk leaves it out:
+/// an image never holds its own layout (nor the blob being written). A root inside the layout, or the
+/// layout itself, is refused.
+fn layout_in_root(root: &Path, layout: &Path) -> Result<Option<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let canonical = |p: &Path| {
+        p.canonicalize().map_err(|source| {
+            BuildError::Layer(LayerError::Read {
+                path: p.to_path_buf(),
+                source,
+            })
+        })
+    };
+    let (root_abs, layout_abs) = (canonical(root)?, canonical(layout)?);
+    if root_abs.starts_with(&layout_abs) {
+        return Err(BuildError::RootInLayout {
+            root: root.to_path_buf(),
+            layout: layout.to_path_buf(),
+        });
+    }
+    if !layout_abs.starts_with(&root_abs) {
+        return Ok(None);
+    }
+    let m = std::fs::metadata(&layout_abs).map_err(|source| {
+        BuildError::Layer(LayerError::Read {
+            path: layout.to_path_buf(),
+            source,
+        })
+    })?;
+    Ok(Some((m.dev(), m.ino())))
+}
+
 /// Writes a JSON document as a blob and returns its descriptor.
 pub fn commit_json(
     layout: &Layout,
@@ -358,6 +391,7 @@ fn write_layer(
     opts: &BuildOptions,
     prefix: &[Vec<u8>],
     epoch: u64,
+    skip: Option<(u64, u64)>,
 ) -> Result<(Descriptor, Digest)> {
     let io = |source| BuildError::Write {
         dir: opts.layout.clone(),
@@ -367,12 +401,12 @@ fn write_layer(
     let (blob, diff_id) = if opts.compression == Compression::None {
         // The blob is the tar: one hash serves as both digests.
         let mut blob = blob;
-        layer::write_layer(&opts.root, prefix, epoch, &mut blob)?;
+        layer::write_layer(&opts.root, prefix, epoch, skip, &mut blob)?;
         (blob, None)
     } else {
         let mut tar =
             DigestWriter::new(Encoder::new(opts.compression, blob, opts.threads).map_err(io)?);
-        layer::write_layer(&opts.root, prefix, epoch, &mut tar)?;
+        layer::write_layer(&opts.root, prefix, epoch, skip, &mut tar)?;
         let (encoder, diff_id, _) = tar.finish();
         (encoder.finish().map_err(io)?, Some(diff_id))
     };

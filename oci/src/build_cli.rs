@@ -67,8 +67,9 @@ pub struct IndexArgs {
     /// The name to give the index in index.json
     #[arg(long = "ref", value_name = "REF")]
     pub ref_name: String,
-    /// A per-platform image of the layout (ref or sha256 digest), in the index's order
-    #[arg(long, value_name = "REF", required = true)]
+    /// Per-platform images of the layout (refs or sha256 digests), in the index's order:
+    /// `--manifest A B` or `--manifest A --manifest B`
+    #[arg(long, value_name = "REF", required = true, num_args = 1..)]
     pub manifest: Vec<String>,
     /// Print a JSON object (docs/oci.md) instead of the index digest
     #[arg(long)]

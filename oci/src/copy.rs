@@ -3,7 +3,7 @@
 use crate::auth;
 use crate::digest::Digest;
 use crate::inspect::{self, Inspection};
-use crate::layout::{Layout, LayoutError, RefOrDigest};
+use crate::layout::{Layout, LayoutError, RefOrDigest, Rollback};
 use crate::progress::Progress;
 use crate::push::{self, BlobOptions, Moved};
 use crate::reference::{ImageRef, RegistryRef};
@@ -45,6 +45,8 @@ pub enum Endpoint {
         layout: Layout,
         image: RefOrDigest,
         name: String,
+        /// A destination's writer lock, and the layout taken back if the copy fails after making it.
+        writing: Option<Rollback>,
     },
     Registry {
         client: Client,
@@ -62,15 +64,17 @@ impl Endpoint {
     ) -> Result<Endpoint, CopyError> {
         Ok(match image {
             ImageRef::Layout(l) => {
-                let layout = if destination {
-                    Layout::create(&l.dir)?
+                let (layout, writing) = if destination {
+                    let (layout, rollback) = Layout::create_locked(&l.dir)?;
+                    (layout, Some(rollback))
                 } else {
-                    Layout::open(&l.dir)?
+                    (Layout::open(&l.dir)?, None)
                 };
                 Endpoint::Layout {
                     layout,
                     image: l.image.clone(),
                     name: image.to_string(),
+                    writing,
                 }
             }
             ImageRef::Registry(r) => {
@@ -82,6 +86,17 @@ impl Endpoint {
                 }
             }
         })
+    }
+
+    /// The transfer succeeded: a destination layout keeps what it got (and lets go of its lock).
+    pub fn finish(self) {
+        if let Endpoint::Layout {
+            writing: Some(rollback),
+            ..
+        } = self
+        {
+            rollback.keep();
+        }
     }
 
     fn name(&self) -> String {
@@ -418,8 +433,8 @@ async fn put_manifest(dst: &Endpoint, m: &Manifest, named: bool) -> Result<bool,
             let (layout, m, image) = (layout.clone(), m.clone(), image.clone());
             tokio::task::spawn_blocking(move || -> Result<bool, LayoutError> {
                 layout.write_blob(&m.bytes)?;
+                // The destination's writer lock is held for the whole copy.
                 if named && let RefOrDigest::Name(name) = &image {
-                    let _lock = layout.lock()?;
                     let d = Descriptor::new(&m.media_type, m.digest, m.bytes.len() as u64);
                     layout.set_ref(name, &d)?;
                 }

@@ -1,6 +1,6 @@
 //! `oci index`: an image index over per-platform manifests of a layout, each with its config's platform.
 use crate::build::{self, BuildError};
-use crate::layout::{self, Layout, RefOrDigest, Rollback};
+use crate::layout::{self, Layout, RefOrDigest};
 use crate::spec::{self, Descriptor, Index};
 
 /// Why an index could not be written.
@@ -55,8 +55,7 @@ pub fn write_index(
     }
     let mut index = Index::empty();
     index.manifests = entries.into_iter().map(|(_, d)| d).collect();
-    let mut rollback = Rollback::new(layout.dir(), layout::Probe::Layout);
-    rollback.hold(layout.lock()?);
+    let mut rollback = layout.lock()?;
     let descriptor = build::commit_json(
         layout,
         &mut rollback,

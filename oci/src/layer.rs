@@ -17,8 +17,11 @@ pub enum LayerError {
     /// A file grew or shrank between its stat and the end of its read.
     #[error("{} changed while it was read: build from a folder that nothing is writing to", .path.display())]
     Changed { path: PathBuf },
+    /// A file whose size says 0 but which reads as more: a pseudo-file such as those under /proc.
+    #[error("{} is a pseudo-file (its size reads as 0 but it has contents, as under /proc or /sys): copy what it holds into a regular file in the root", .path.display())]
+    Pseudo { path: PathBuf },
     /// Reading the tree failed.
-    #[error("cannot read {}: {source}", .path.display())]
+    #[error("cannot read {}: {}", .path.display(), crate::io_detail(.source))]
     Read { path: PathBuf, source: io::Error },
     /// Writing the tar stream failed.
     #[error("cannot write the layer: {0}")]
@@ -29,11 +32,13 @@ type Result<T> = std::result::Result<T, LayerError>;
 
 /// Writes the tar of `root`'s contents, placed under `prefix` (path components, outermost first),
 /// with every entry's mtime set to `mtime`. The root itself is stored only as the prefix's last
-/// directory; the prefix's parents get mode 0755.
+/// directory; the prefix's parents get mode 0755. The directory `skip` (device, inode), if met, is
+/// left out with everything under it.
 pub fn write_layer<W: Write>(
     root: &Path,
     prefix: &[Vec<u8>],
     mtime: u64,
+    skip: Option<(u64, u64)>,
     out: &mut W,
 ) -> Result<()> {
     let root_meta = fs::metadata(root).map_err(|source| LayerError::Read {
@@ -43,6 +48,7 @@ pub fn write_layer<W: Write>(
     let mut walker = Walker {
         out,
         mtime,
+        skip,
         first_links: HashMap::new(),
         buf: vec![0; 1 << 20],
     };
@@ -67,6 +73,7 @@ pub fn write_layer<W: Write>(
 struct Walker<'a, W> {
     out: &'a mut W,
     mtime: u64,
+    skip: Option<(u64, u64)>,
     /// The archive name of the first file seen for each (device, inode) with more than one link.
     first_links: HashMap<(u64, u64), Vec<u8>>,
     buf: Vec<u8>,
@@ -114,7 +121,9 @@ impl<W: Write> Walker<'_, W> {
         })?;
         let ft = meta.file_type();
         let mode = meta.mode() & 0o7777;
-        if ft.is_dir() {
+        if ft.is_dir() && self.skip == Some((meta.dev(), meta.ino())) {
+            Ok(())
+        } else if ft.is_dir() {
             name.push(b'/');
             self.header(name, Kind::Dir, mode, 0, b"")?;
             self.dir(path, name)
@@ -178,8 +187,11 @@ impl<W: Write> Walker<'_, W> {
             left -= n as u64;
         }
         if file.read(&mut self.buf[..1]).map_err(read_err)? != 0 {
-            return Err(LayerError::Changed {
-                path: path.to_path_buf(),
+            let path = path.to_path_buf();
+            return Err(if size == 0 {
+                LayerError::Pseudo { path }
+            } else {
+                LayerError::Changed { path }
             });
         }
         let pad = [0u8; 512];
@@ -205,7 +217,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let e = write_layer(tmp.path(), &[], 0, &mut io::sink()).unwrap_err();
+        let e = write_layer(tmp.path(), &[], 0, None, &mut io::sink()).unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(

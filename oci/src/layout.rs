@@ -1,4 +1,5 @@
 //! An OCI image layout on disk: `oci-layout`, `index.json` and `blobs/sha256/`, with verified reads and atomic writes.
+use crate::cleanup;
 use crate::digest::{Digest, DigestWriter, VerifyingReader};
 use crate::spec::{self, ANNOTATION_REF_NAME, Descriptor, Index};
 use std::fmt;
@@ -24,6 +25,13 @@ pub enum LayoutError {
     /// A layout file holds JSON this crate cannot read.
     #[error("{} is not valid: {msg}", .path.display())]
     Corrupt { path: PathBuf, msg: String },
+    /// Entries of `index.json` with this ref name point at different images.
+    #[error("ref {name:?} is ambiguous in {}: it names {}; pick one by its digest instead of the name", .dir.display(), .digests.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" and "))]
+    Ambiguous {
+        dir: PathBuf,
+        name: String,
+        digests: Vec<Digest>,
+    },
     /// No entry of `index.json` carries this ref name.
     #[error("no image {name:?} in {}: {}", .dir.display(), list_refs(.known))]
     RefNotFound {
@@ -49,7 +57,7 @@ pub enum LayoutError {
         limit: u64,
     },
     /// An I/O error on a path.
-    #[error("cannot {action} {}: {source}", .path.display())]
+    #[error("cannot {action} {}: {}", .path.display(), crate::io_detail(.source))]
     Io {
         action: &'static str,
         path: PathBuf,
@@ -86,8 +94,36 @@ pub enum Probe {
     Layout,
 }
 
-/// Says what a path holds, or why it can never be a layout. Writes nothing.
+/// Says what a path holds, or why it can never be a layout. Writes nothing. A directory that looks
+/// half made waits for the command making (or taking back) a layout there, then is looked at again.
 pub fn probe(dir: &Path) -> Result<Probe> {
+    loop {
+        match probe_now(dir) {
+            Err(LayoutError::NotALayout(_)) => {
+                // Another command holds the layout's lock while it makes one here or takes one back.
+                let Ok(held) = File::open(dir) else { continue };
+                rustix::fs::flock(&held, rustix::fs::FlockOperation::LockShared)
+                    .map_err(|e| io_err("lock", dir)(e.into()))?;
+                // Unless the directory waited on was taken back, what is there now is whole.
+                if same_file(&held, dir) {
+                    return probe_now(dir);
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether an open file is still the one at `path`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+fn probe_now(dir: &Path) -> Result<Probe> {
     match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Probe::Missing),
         Err(e) => Err(io_err("read", dir)(e)),
@@ -177,15 +213,33 @@ pub struct Layout {
     dir: PathBuf,
 }
 
-/// An exclusive advisory lock on a layout, held until dropped, so concurrent writers of one
-/// `index.json` take turns instead of losing each other's refs.
+/// The writer lock of a layout: an exclusive `flock` on its directory, held until dropped, so
+/// writers of one layout take turns and none loses another's refs or blobs.
 #[derive(Debug)]
 pub struct LayoutLock {
-    _dir: File,
+    dir: File,
+}
+
+impl LayoutLock {
+    fn take(dir: &Path) -> Result<LayoutLock> {
+        let file = File::open(dir).map_err(io_err("open", dir))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io_err("lock", dir)(e.into()))?;
+        Ok(LayoutLock { dir: file })
+    }
+
+    /// Whether the locked directory is still the one at `dir` (a command that failed while this
+    /// one waited may have removed the layout it had made).
+    fn still_at(&self, dir: &Path) -> bool {
+        same_file(&self.dir, dir)
+    }
 }
 
 /// The most bytes read for one JSON document (manifest, index, config).
 pub const JSON_LIMIT: u64 = 16 << 20;
+
+/// How every temporary file of a layout starts; one whose owner is gone is removed by the next writer.
+pub const TEMP_PREFIX: &str = ".tmp-";
 
 impl Layout {
     /// Opens an existing layout: the directory must hold an `oci-layout` file.
@@ -201,30 +255,103 @@ impl Layout {
 
     /// Opens a layout, or makes one in a new or empty directory (`oci-layout`, empty `index.json`, `blobs/sha256`).
     pub fn create(dir: &Path) -> Result<Layout> {
-        if probe(dir)? == Probe::Layout {
-            return Layout::open(dir);
-        }
-        fs::create_dir_all(dir.join("blobs/sha256")).map_err(io_err("create", dir))?;
-        let layout = Layout {
-            dir: dir.to_path_buf(),
-        };
-        layout.write_index(&Index::empty())?;
-        // oci-layout last: a directory is only taken for a layout once it is whole.
-        write_atomic(&dir.join("oci-layout"), OCI_LAYOUT_FILE.as_bytes())?;
+        let (layout, rollback) = Layout::create_locked(dir)?;
+        rollback.keep();
         Ok(layout)
+    }
+
+    /// Opens a layout for writing, making it in a new or empty directory, and takes its writer lock.
+    /// What a command that died left there is swept. The [`Rollback`] holds the lock; dropped
+    /// without [`Rollback::keep`], it takes back what the command added, the layout too if it made it.
+    pub fn create_locked(dir: &Path) -> Result<(Layout, Rollback)> {
+        loop {
+            let made_dir = match fs::create_dir(dir) {
+                Ok(()) => true,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let parent = dir.parent().unwrap_or(Path::new("."));
+                    fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+                    continue;
+                }
+                Err(e) => return Err(io_err("create", dir)(e)),
+            };
+            let lock = LayoutLock::take(dir)?;
+            if !lock.still_at(dir) {
+                continue;
+            }
+            let layout = Layout {
+                dir: dir.to_path_buf(),
+            };
+            let created = match probe_now(dir)? {
+                Probe::Layout => None,
+                Probe::Empty => Some(made_dir),
+                Probe::Missing => continue,
+            };
+            let rollback = Rollback {
+                dir: dir.to_path_buf(),
+                created,
+                blobs: Vec::new(),
+                keep: false,
+                _lock: lock,
+            };
+            if let Some(made_dir) = created {
+                cleanup::registry().add_layout(dir, made_dir);
+                fs::create_dir_all(dir.join("blobs/sha256")).map_err(io_err("create", dir))?;
+                layout.write_index(&Index::empty())?;
+                // oci-layout last: a directory is only taken for a layout once it is whole.
+                write_atomic(&dir.join("oci-layout"), OCI_LAYOUT_FILE.as_bytes())?;
+            }
+            layout.sweep();
+            return Ok((layout, rollback));
+        }
+    }
+
+    /// Takes the writer lock of this existing layout and sweeps what a command that died left.
+    pub fn lock(&self) -> Result<Rollback> {
+        let lock = LayoutLock::take(&self.dir)?;
+        if !lock.still_at(&self.dir) {
+            return Err(LayoutError::Missing(self.dir.clone()));
+        }
+        self.sweep();
+        Ok(Rollback {
+            dir: self.dir.clone(),
+            created: None,
+            blobs: Vec::new(),
+            keep: false,
+            _lock: lock,
+        })
+    }
+
+    /// Removes the temporary files whose owner is gone: a live owner holds a lock on its file.
+    /// Best effort: a file that cannot be removed now is tried again by the next writer.
+    fn sweep(&self) {
+        for dir in [self.dir.clone(), self.dir.join("blobs/sha256")] {
+            for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if !entry
+                    .file_name()
+                    .as_encoded_bytes()
+                    .starts_with(TEMP_PREFIX.as_bytes())
+                {
+                    continue;
+                }
+                let Ok(file) = File::open(&path) else {
+                    continue;
+                };
+                let unowned =
+                    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                        .is_ok();
+                // Still under that name (not just renamed to a blob by an owner that finished).
+                if unowned && same_file(&file, &path) {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
     }
 
     /// The layout's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// Takes the layout's writer lock (an `flock` on the directory; creates no file).
-    pub fn lock(&self) -> Result<LayoutLock> {
-        let dir = File::open(&self.dir).map_err(io_err("open", &self.dir))?;
-        rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| io_err("lock", &self.dir)(e.into()))?;
-        Ok(LayoutLock { _dir: dir })
     }
 
     /// Where a blob lives (whether or not it exists).
@@ -299,12 +426,7 @@ impl Layout {
 
     /// Starts writing a blob: bytes go to a temporary file inside the layout until `commit`.
     pub fn blob_writer(&self) -> Result<BlobWriter> {
-        let dir = self.dir.join("blobs/sha256");
-        let tmp = tempfile::Builder::new()
-            .prefix(".tmp-")
-            .permissions(readable_by_all())
-            .tempfile_in(&dir)
-            .map_err(io_err("create a temporary file in", &dir))?;
+        let tmp = Temp::new(&self.dir.join("blobs/sha256"))?;
         Ok(BlobWriter {
             layout: self.clone(),
             inner: DigestWriter::new(BufWriter::with_capacity(1 << 20, tmp)),
@@ -364,26 +486,42 @@ impl Layout {
             .collect())
     }
 
-    /// Finds the descriptor of an image: a ref name in `index.json` (the last entry wins), or a
-    /// digest in `index.json` or, failing that, any manifest or index blob of the layout.
+    /// Finds the descriptor of an image: a ref name in `index.json` (a name that points at two
+    /// different images is refused), or a digest in `index.json` or, failing that, any manifest or
+    /// index blob of the layout.
     pub fn resolve(&self, image: &RefOrDigest) -> Result<Descriptor> {
         let index = self.index()?;
         match image {
-            RefOrDigest::Name(name) => index
-                .manifests
-                .iter()
-                .rev()
-                .find(|d| d.ref_name() == Some(name))
-                .cloned()
-                .ok_or_else(|| LayoutError::RefNotFound {
-                    dir: self.dir.clone(),
-                    name: name.clone(),
-                    known: index
-                        .manifests
-                        .iter()
-                        .filter_map(|d| d.ref_name().map(str::to_string))
-                        .collect(),
-                }),
+            RefOrDigest::Name(name) => {
+                let named: Vec<&Descriptor> = index
+                    .manifests
+                    .iter()
+                    .filter(|d| d.ref_name() == Some(name))
+                    .collect();
+                let mut digests: Vec<Digest> = Vec::new();
+                for d in &named {
+                    if !digests.contains(&d.digest) {
+                        digests.push(d.digest);
+                    }
+                }
+                match named.first() {
+                    None => Err(LayoutError::RefNotFound {
+                        dir: self.dir.clone(),
+                        name: name.clone(),
+                        known: index
+                            .manifests
+                            .iter()
+                            .filter_map(|d| d.ref_name().map(str::to_string))
+                            .collect(),
+                    }),
+                    Some(_) if digests.len() > 1 => Err(LayoutError::Ambiguous {
+                        dir: self.dir.clone(),
+                        name: name.clone(),
+                        digests,
+                    }),
+                    Some(d) => Ok((*d).clone()),
+                }
+            }
             RefOrDigest::Digest(digest) => {
                 if let Some(d) = index.manifests.iter().find(|d| d.digest == *digest) {
                     return Ok(d.clone());
@@ -437,7 +575,7 @@ pub fn sniff_media_type(bytes: &[u8]) -> Option<String> {
 /// A blob on its way into a layout. Dropped without `commit`, its temporary file is removed.
 pub struct BlobWriter {
     layout: Layout,
-    inner: DigestWriter<BufWriter<tempfile::NamedTempFile>>,
+    inner: DigestWriter<BufWriter<Temp>>,
     /// Bytes already handed to the kernel's writeback.
     kicked: u64,
 }
@@ -483,13 +621,11 @@ impl BlobWriter {
                 "blob", expected, &digest, size,
             )));
         }
-        tmp.as_file()
-            .sync_all()
-            .map_err(io_err("sync", tmp.path()))?;
+        tmp.file().sync_all().map_err(io_err("sync", tmp.path()))?;
         let path = self.layout.blob_path(&digest);
         let existed = path.exists();
         tmp.persist(&path)
-            .map_err(|e| io_err("rename a blob to", &path)(e.error))?;
+            .map_err(io_err("rename a blob to", &path))?;
         sync_dir(&dir)?;
         Ok(Committed {
             digest,
@@ -505,7 +641,7 @@ impl BlobWriter {
         let buffered = self.inner.get_mut();
         buffered.flush()?;
         let (from, len) = (self.kicked, self.inner.len() - self.kicked);
-        let fd = std::os::fd::AsRawFd::as_raw_fd(self.inner.get_mut().get_ref().as_file());
+        let fd = std::os::fd::AsRawFd::as_raw_fd(self.inner.get_mut().get_ref().file());
         // SAFETY: a plain syscall on a file descriptor we own; it only reads its arguments.
         let rc = unsafe {
             libc::sync_file_range(fd, from as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE)
@@ -532,35 +668,20 @@ impl Write for BlobWriter {
 }
 
 /// Takes back what a failed command added to a layout, so that the layout is left exactly as it
-/// was: the blobs it created and, for a layout it made, the layout itself. Dropped without
-/// [`Rollback::keep`], it undoes.
+/// was: the blobs it created and, for a layout it made, the layout itself. It holds the layout's
+/// writer lock. Dropped without [`Rollback::keep`], it undoes.
 #[derive(Debug)]
 pub struct Rollback {
     dir: PathBuf,
-    before: Probe,
+    /// `Some(made_dir)` when this command made the layout (in a directory it made, or an empty one).
+    created: Option<bool>,
     blobs: Vec<PathBuf>,
     keep: bool,
     /// Released only after the undo (fields drop after `Drop::drop`), so no other writer sees it half done.
-    lock: Option<LayoutLock>,
+    _lock: LayoutLock,
 }
 
 impl Rollback {
-    /// Starts tracking a layout that held `before` when the command started.
-    pub fn new(dir: &Path, before: Probe) -> Rollback {
-        Rollback {
-            dir: dir.to_path_buf(),
-            before,
-            blobs: Vec::new(),
-            keep: false,
-            lock: None,
-        }
-    }
-
-    /// Holds the layout's lock until the command is kept or undone.
-    pub fn hold(&mut self, lock: LayoutLock) {
-        self.lock = Some(lock);
-    }
-
     /// Remembers a committed blob, to remove it if the command fails.
     pub fn track(&mut self, committed: &Committed) {
         if let Some(p) = &committed.new_path {
@@ -576,24 +697,89 @@ impl Rollback {
 
 impl Drop for Rollback {
     fn drop(&mut self) {
-        if self.keep {
-            return;
-        }
-        // Best effort: the command is already failing with its own error.
-        for blob in &self.blobs {
-            let _ = fs::remove_file(blob);
-        }
-        match self.before {
-            Probe::Layout => {}
-            Probe::Missing => {
-                let _ = fs::remove_dir_all(&self.dir);
+        if !self.keep {
+            // Best effort: the command is already failing with its own error.
+            for blob in &self.blobs {
+                let _ = fs::remove_file(blob);
             }
-            Probe::Empty => {
-                for name in ["oci-layout", "index.json"] {
-                    let _ = fs::remove_file(self.dir.join(name));
-                }
-                let _ = fs::remove_dir_all(self.dir.join("blobs"));
+            if let Some(made_dir) = self.created {
+                cleanup::remove_layout(&self.dir, made_dir);
             }
+        }
+        if self.created.is_some() {
+            cleanup::registry().remove_layout(&self.dir);
+        }
+    }
+}
+
+/// A temporary file in a layout (`.tmp-*`), locked by its owner for as long as it lives and known
+/// to [`cleanup`], so neither an interrupt nor a crash leaves it behind for good.
+struct Temp(Option<tempfile::NamedTempFile>);
+
+impl Temp {
+    fn new(dir: &Path) -> Result<Temp> {
+        loop {
+            let tmp = {
+                let mut registry = cleanup::registry();
+                let tmp = tempfile::Builder::new()
+                    .prefix(TEMP_PREFIX)
+                    .permissions(readable_by_all())
+                    .tempfile_in(dir)
+                    .map_err(io_err("create a temporary file in", dir))?;
+                registry.add_temp(tmp.path());
+                Temp(Some(tmp))
+            };
+            rustix::fs::flock(tmp.file(), rustix::fs::FlockOperation::LockExclusive)
+                .map_err(|e| io_err("lock", tmp.path())(e.into()))?;
+            // A writer sweeping the layout may have locked and removed it first: make another.
+            let linked = tmp.file().metadata().map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.nlink() > 0
+            });
+            if linked.map_err(io_err("read", tmp.path()))? {
+                return Ok(tmp);
+            }
+        }
+    }
+
+    fn inner(&self) -> &tempfile::NamedTempFile {
+        self.0
+            .as_ref()
+            .expect("a temporary file is only taken by persist")
+    }
+
+    fn file(&self) -> &File {
+        self.inner().as_file()
+    }
+
+    fn path(&self) -> &Path {
+        self.inner().path()
+    }
+
+    /// Renames it to `path` (replacing what is there).
+    fn persist(mut self, path: &Path) -> io::Result<()> {
+        let tmp = self.0.take().expect("persisted once");
+        let mut registry = cleanup::registry();
+        registry.remove_temp(tmp.path());
+        tmp.persist(path).map(drop).map_err(|e| e.error)
+    }
+}
+
+impl Write for Temp {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.as_mut().expect("not persisted").write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.as_mut().expect("not persisted").flush()
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if let Some(tmp) = self.0.take() {
+            let mut registry = cleanup::registry();
+            registry.remove_temp(tmp.path());
+            drop(tmp);
         }
     }
 }
@@ -601,17 +787,10 @@ impl Drop for Rollback {
 /// Replaces a file atomically: a temporary file beside it, fsync, rename, fsync of the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .permissions(readable_by_all())
-        .tempfile_in(dir)
-        .map_err(io_err("create a temporary file in", dir))?;
+    let mut tmp = Temp::new(dir)?;
     tmp.write_all(bytes).map_err(io_err("write", tmp.path()))?;
-    tmp.as_file()
-        .sync_all()
-        .map_err(io_err("sync", tmp.path()))?;
-    tmp.persist(path)
-        .map_err(|e| io_err("replace", path)(e.error))?;
+    tmp.file().sync_all().map_err(io_err("sync", tmp.path()))?;
+    tmp.persist(path).map_err(io_err("replace", path))?;
     sync_dir(dir)
 }
 

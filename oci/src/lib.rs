@@ -1,5 +1,6 @@
 //! OCI image layouts, reproducible layers and registry transfers. Knows nothing of fleets.
 pub mod build;
+pub mod cleanup;
 pub mod compress;
 pub mod digest;
 pub mod epoch;
@@ -21,3 +22,12 @@ pub mod tls;
 pub use digest::Digest;
 pub use layout::{Layout, LayoutError, RefOrDigest};
 pub use spec::{Descriptor, Index, Platform};
+
+/// An I/O error as a message ends with it: one the user can fix by permissions says so.
+pub fn io_detail(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        format!("{e}: give the user running oci access to it, or run oci as a user that has it")
+    } else {
+        e.to_string()
+    }
+}

@@ -34,6 +34,8 @@ enum Command {
 }
 
 fn main() {
+    // Before any thread starts: an interrupt removes this command's temporary files.
+    oci::cleanup::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {

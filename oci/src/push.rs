@@ -8,7 +8,7 @@ use crate::remote::blobs::{DEFAULT_CHUNK, Put, Started};
 use crate::remote::verify::{self, ByteStream, Verdict};
 use crate::remote::{self, Client, RemoteError};
 use crate::spec::Descriptor;
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 
 /// How blobs are moved.
 #[derive(Debug, Clone)]
@@ -44,14 +44,29 @@ pub async fn move_blobs(
     let mut order: Vec<Descriptor> = blobs.to_vec();
     // Largest first, so the long transfers overlap the short ones instead of trailing at the end.
     order.sort_by(|a, b| b.size.cmp(&a.size).then(a.digest.cmp(&b.digest)));
-    futures_util::stream::iter(order)
-        .map(|d| async move {
-            let moved = move_blob(src, dst, &d, options, progress).await?;
-            Ok::<_, CopyError>((d, moved))
-        })
-        .buffer_unordered(options.jobs.max(1))
-        .try_collect()
-        .await
+    // After a failure no new transfer starts, and those under way end on their own (finished, or
+    // failed and their upload session cancelled) instead of being dropped mid-upload.
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let outcomes: Vec<Option<Result<(Descriptor, Moved), CopyError>>> =
+        futures_util::stream::iter(order)
+            .map(|d| {
+                let failed = &failed;
+                async move {
+                    if failed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return None;
+                    }
+                    let moved = move_blob(src, dst, &d, options, progress).await;
+                    if moved.is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Some(moved.map(|m| (d, m)))
+                }
+            })
+            .buffer_unordered(options.jobs.max(1))
+            .collect()
+            .await;
+    // The first failure, in the order they happened.
+    outcomes.into_iter().flatten().collect()
 }
 
 async fn move_blob(
@@ -103,7 +118,8 @@ async fn move_blob(
     }
 }
 
-/// One try at putting a blob into a registry repository: mount, or a session with one PUT or chunks.
+/// One try at putting a blob into a registry repository: mount, or a session with one PUT or chunks
+/// (after a refused PUT, in a fresh session). A session that fails is cancelled.
 async fn upload(
     src: &Endpoint,
     client: &Client,
@@ -133,21 +149,25 @@ async fn upload(
     let chunk = options
         .chunk_size
         .or(chunk_min.map(|m| m.max(DEFAULT_CHUNK)));
-    if let Some(chunk) = chunk {
-        let chunk = chunk.max(chunk_min.unwrap_or(0));
-        let body = open(src, d, &verdict, progress).await?;
-        client
-            .put_chunked(repo, location, &d.digest, body, chunk, &verdict)
-            .await?;
-        return Ok(Moved::Uploaded);
-    }
-    let body = open(src, d, &verdict, progress).await?;
-    match client
-        .put_whole(repo, &location, &d.digest, d.size, body, &verdict)
-        .await?
-    {
-        Put::Done => Ok(Moved::Uploaded),
-        Put::WantsChunks => {
+    let (mut location, chunk) = match chunk {
+        Some(chunk) => (location, chunk.max(chunk_min.unwrap_or(0))),
+        None => {
+            let sent = async {
+                let body = open(src, d, &verdict, progress).await?;
+                Ok::<_, CopyError>(
+                    client
+                        .put_whole(repo, &location, &d.digest, d.size, body, &verdict)
+                        .await?,
+                )
+            }
+            .await;
+            // A failed session is cancelled, and so is one refused as one big body.
+            if !matches!(sent, Ok(Put::Done)) {
+                client.cancel_upload(repo, &location).await;
+            }
+            if sent? == Put::Done {
+                return Ok(Moved::Uploaded);
+            }
             // The registry refused one big body: a fresh session, the same bytes in chunks.
             let Started::Session {
                 location,
@@ -156,14 +176,22 @@ async fn upload(
             else {
                 unreachable!("an upload without mount is never answered as mounted")
             };
-            let body = open(src, d, &verdict, progress).await?;
-            let chunk = chunk_min.unwrap_or(0).max(DEFAULT_CHUNK);
-            client
-                .put_chunked(repo, location, &d.digest, body, chunk, &verdict)
-                .await?;
-            Ok(Moved::Uploaded)
+            (location, chunk_min.unwrap_or(0).max(DEFAULT_CHUNK))
         }
+    };
+    let sent = async {
+        let body = open(src, d, &verdict, progress).await?;
+        Ok::<_, CopyError>(
+            client
+                .put_chunked(repo, &mut location, &d.digest, body, chunk, &verdict)
+                .await?,
+        )
     }
+    .await;
+    if sent.is_err() {
+        client.cancel_upload(repo, &location).await;
+    }
+    sent.map(|()| Moved::Uploaded)
 }
 
 /// Whether a failed try may succeed on its own if tried again.

@@ -147,10 +147,11 @@ fn parse_registry(rest: &str) -> Result<RegistryRef, &'static str> {
         Some((p, d)) => (p, Some(parse_digest(d)?)),
         None => (path, None),
     };
-    // A ':' after the last '/' starts the tag.
-    let (repo, tag) = match path.rfind(':') {
-        Some(i) if !path[i..].contains('/') => (&path[..i], Some(&path[i + 1..])),
-        _ => (path, None),
+    // The first ':' after the last '/' starts the tag (a tag holding ':' is a bad tag, not a bad repository).
+    let last = path.rfind('/').map_or(0, |i| i + 1);
+    let (repo, tag) = match path[last..].find(':') {
+        Some(i) => (&path[..last + i], Some(&path[last + i + 1..])),
+        None => (path, None),
     };
     if !valid_repo(repo) {
         return Err("the repository must be lowercase letters, digits and . _ - separated by /");
@@ -252,6 +253,7 @@ mod tests {
             "docker://host/app@sha256:abc",
             "oci:dir",
             "http://host/app",
+            "docker://host/team/app:bad:tag",
         ] {
             let err = bad.parse::<ImageRef>().unwrap_err().to_string();
             assert!(
@@ -260,5 +262,13 @@ mod tests {
             );
             assert!(err.ends_with(FORMS), "{err}");
         }
+        // A second ':' is in the tag, so the tag is what is reported.
+        let err = "docker://host/team/app:bad:tag"
+            .parse::<ImageRef>()
+            .unwrap_err();
+        assert_eq!(
+            err.why,
+            "the tag must be 1 to 128 letters, digits, _ . or -, not starting with . or -"
+        );
     }
 }

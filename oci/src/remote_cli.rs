@@ -254,7 +254,9 @@ fn transfer(
     let report = runtime()?.block_on(async {
         let from = Endpoint::open(src, &src_tls.options(), src_tls.creds.as_deref(), false)?;
         let to = Endpoint::open(dst, &dst_tls.options(), dst_tls.creds.as_deref(), true)?;
-        copy::copy(&from, &to, &options).await
+        let report = copy::copy(&from, &to, &options).await?;
+        to.finish();
+        Ok::<_, copy::CopyError>(report)
     })?;
     print_report(&report, t.json)
 }

@@ -38,12 +38,15 @@ pub enum TlsError {
     },
     #[error("--tls-cert and --tls-key go together: pass both or neither")]
     HalfIdentity,
-    #[error("the client certificate {} does not go with its key {}: {source}; pass the matching --tls-key", .cert.display(), .key.display())]
-    BadIdentity {
-        cert: PathBuf,
-        key: PathBuf,
+    #[error("the client certificate {} does not go with its key {} (their public keys differ): pass the matching --tls-key", .cert.display(), .key.display())]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
+    #[error("the private key {} is not usable: {source}; pass an RSA, ECDSA or Ed25519 key in PEM to --tls-key", .path.display())]
+    BadKey {
+        path: PathBuf,
         source: rustls::Error,
     },
+    #[error("the client certificate {} is not an X.509 certificate: pass a PEM certificate to --tls-cert", .path.display())]
+    BadCert { path: PathBuf },
     #[error("the CA certificate in {} is not usable: {source}; pass a PEM CA certificate to --tls-ca", .path.display())]
     BadCa {
         path: PathBuf,
@@ -96,21 +99,16 @@ impl TlsOptions {
             _ => return Err(TlsError::HalfIdentity),
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .expect("ring supports the default protocol versions")
             .with_root_certificates(roots);
         let config = match &identity {
             Some((cert, key)) => {
-                let chain = read_certs(cert, "client certificate", "--tls-cert")?;
-                let private = read_key(key)?;
-                builder
-                    .with_client_auth_cert(chain, private)
-                    .map_err(|source| TlsError::BadIdentity {
-                        cert: cert.clone(),
-                        key: key.clone(),
-                        source,
-                    })?
+                let identity = client_identity(&provider, cert, key)?;
+                builder.with_client_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(
+                    identity,
+                )))
             }
             None => builder.with_no_client_auth(),
         };
@@ -120,6 +118,89 @@ impl TlsOptions {
             host_dir,
         })
     }
+}
+
+/// The client certificate chain and its key. The registry decides whether it accepts the
+/// certificate (of X.509 version 1 or 3); here only the key is checked to go with it, by comparing
+/// the certificate's SubjectPublicKeyInfo with the key's. (rustls' own check parses the certificate
+/// with webpki, which refuses version 1.)
+fn client_identity(
+    provider: &rustls::crypto::CryptoProvider,
+    cert: &Path,
+    key: &Path,
+) -> Result<rustls::sign::CertifiedKey, TlsError> {
+    let chain = read_certs(cert, "client certificate", "--tls-cert")?;
+    let private = provider
+        .key_provider
+        .load_private_key(read_key(key)?)
+        .map_err(|source| TlsError::BadKey {
+            path: key.to_path_buf(),
+            source,
+        })?;
+    let cert_spki = certificate_spki(&chain[0]).ok_or_else(|| TlsError::BadCert {
+        path: cert.to_path_buf(),
+    })?;
+    if let Some(key_spki) = private.public_key()
+        && key_spki.as_ref() != cert_spki
+    {
+        return Err(TlsError::KeyMismatch {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+        });
+    }
+    Ok(rustls::sign::CertifiedKey::new(chain, private))
+}
+
+/// One DER element: its tag, all its bytes, its contents, and what follows it.
+struct Der<'a> {
+    tag: u8,
+    whole: &'a [u8],
+    contents: &'a [u8],
+    rest: &'a [u8],
+}
+
+fn der(input: &[u8]) -> Option<Der<'_>> {
+    let tag = *input.first()?;
+    let first = *input.get(1)? as usize;
+    let (len, header) = if first < 0x80 {
+        (first, 2)
+    } else {
+        let n = first & 0x7f;
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let mut len = 0usize;
+        for i in 0..n {
+            len = (len << 8) | *input.get(2 + i)? as usize;
+        }
+        (len, 2 + n)
+    };
+    let end = header.checked_add(len).filter(|&e| e <= input.len())?;
+    Some(Der {
+        tag,
+        whole: &input[..end],
+        contents: &input[header..end],
+        rest: &input[end..],
+    })
+}
+
+/// The DER SubjectPublicKeyInfo of a certificate: the seventh field of its TBSCertificate, or the
+/// sixth in version 1, which has no `[0] version`.
+fn certificate_spki(cert: &[u8]) -> Option<&[u8]> {
+    const SEQUENCE: u8 = 0x30;
+    let certificate = der(cert).filter(|e| e.tag == SEQUENCE)?;
+    let tbs = der(certificate.contents).filter(|e| e.tag == SEQUENCE)?;
+    let mut rest = tbs.contents;
+    if rest.first() == Some(&0xa0) {
+        rest = der(rest)?.rest;
+    }
+    // serialNumber, signature, issuer, validity, subject
+    for _ in 0..5 {
+        rest = der(rest)?.rest;
+    }
+    der(rest)
+        .filter(|e| e.tag == SEQUENCE)
+        .map(|spki| spki.whole)
 }
 
 /// The files of one extension in a host's certs.d folder, sorted (a missing folder has none).

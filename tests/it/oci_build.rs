@@ -885,3 +885,463 @@ fn a_file_over_8_gib_comes_back_whole_through_gnu_tar() {
         config["rootfs"]["diff_ids"][0].as_str().unwrap()
     );
 }
+
+/// A small root with one file whose contents are `text`.
+fn small_root(dir: &Path, text: &str) -> PathBuf {
+    fs::create_dir_all(dir.join("etc")).unwrap();
+    fs::write(dir.join("etc/app.conf"), text).unwrap();
+    dir.to_path_buf()
+}
+
+/// Temporary files (`.tmp-*`) anywhere in a layout.
+fn temporaries(layout: &Path) -> Vec<PathBuf> {
+    snapshot(layout)
+        .into_keys()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))
+        })
+        .collect()
+}
+
+/// The ref names of a layout's index.json, in order.
+fn ref_names(layout: &Path) -> Vec<String> {
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            m["annotations"]["org.opencontainers.image.ref.name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn a_layout_inside_its_root_is_left_out_and_three_builds_give_one_digest() {
+    let tmp = tempdir();
+    let root = small_root(&tmp.path().join("app"), "port=80\n");
+    // The same files built from outside: what every build from inside must equal.
+    let outside = build(&tmp.path().join("outside"), "app", &root, &[]);
+    let digests: Vec<String> = (1..=3)
+        .map(|i| {
+            let out = ok(oci()
+                .current_dir(&root)
+                .args(["build", "--layout", "out", "--root", "."])
+                .args(["--ref", &format!("app{i}")]));
+            out.trim().to_string()
+        })
+        .collect();
+    assert_eq!(digests, [outside.clone(), outside.clone(), outside.clone()]);
+    assert_eq!(ref_names(&root.join("out")), ["app1", "app2", "app3"]);
+    // Also when the layout is deeper in the root and named by an absolute path (its parent
+    // folder is the root's own, and stays in the layer).
+    let other = small_root(&tmp.path().join("other"), "port=81\n");
+    fs::create_dir_all(other.join("build")).unwrap();
+    let outside = build(&tmp.path().join("outside"), "other", &other, &[]);
+    let deep = other.join("build/oci");
+    assert_eq!(build(&deep, "a", &other, &[]), outside);
+    assert_eq!(build(&deep, "b", &other, &[]), outside);
+    // A root inside the layout would hold the blob being written: refused, nothing changes.
+    let blobs = root.join("out/blobs");
+    refused(
+        &root.join("out"),
+        &[os("--ref"), os("x"), os("--root"), blobs.as_os_str()],
+        &format!(
+            "root {} is inside the layout {}: pass a root outside the layout",
+            blobs.display(),
+            root.join("out").display()
+        ),
+    );
+}
+
+/// Starts `oci ARGS` without waiting.
+fn spawn(args: &[&OsStr]) -> std::process::Child {
+    oci()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a started command that must succeed; returns its stdout trimmed.
+fn landed(child: std::process::Child) -> String {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// 8 builds, 2 copies and (into an existing layout) an index, all started at once into `layout`;
+/// every ref is set once to what its command printed, and umoci and skopeo read each one.
+fn concurrent_writers_all_land(tmp: &Path, layout: &Path, existing: bool) {
+    let source = tmp.join("source");
+    let source_digest = build(&source, "src", &small_root(&tmp.join("src"), "src\n"), &[]);
+    let mut expected: Vec<(String, String)> = Vec::new();
+    if existing {
+        expected.push((
+            "amd".into(),
+            build(layout, "amd", &source.join("../src"), &[]),
+        ));
+        expected.push((
+            "arm".into(),
+            build(
+                layout,
+                "arm",
+                &source.join("../src"),
+                &["--platform", "linux/arm64/v8"],
+            ),
+        ));
+    }
+    let roots: Vec<PathBuf> = (0..8)
+        .map(|i| small_root(&tmp.join(format!("root{i}")), &format!("build {i}\n")))
+        .collect();
+    let l = layout.as_os_str();
+    let mut started: Vec<(String, std::process::Child)> = Vec::new();
+    for (i, root) in roots.iter().enumerate() {
+        let name = format!("b{i}");
+        let args = [
+            os("build"),
+            os("--layout"),
+            l,
+            os("--ref"),
+            os(&name),
+            os("--root"),
+            root.as_os_str(),
+            os("--threads"),
+            os("1"),
+        ];
+        started.push((name.clone(), spawn(&args)));
+    }
+    for i in 0..2 {
+        let name = format!("c{i}");
+        let (from, to) = (oci_ref(&source, "src"), oci_ref(layout, &name));
+        started.push((name, spawn(&[os("copy"), os(&from), os(&to)])));
+    }
+    if existing {
+        let args = [
+            os("index"),
+            os("--layout"),
+            l,
+            os("--ref"),
+            os("multi"),
+            os("--manifest"),
+            os("amd"),
+            os("arm"),
+        ];
+        started.push(("multi".into(), spawn(&args)));
+    }
+    // Builds that fail at the same time (a socket in the root) take back only what they added,
+    // even when one of them made the layout.
+    let bad = tmp.join("bad");
+    fs::create_dir_all(&bad).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(bad.join("sock")).unwrap();
+    let failing: Vec<std::process::Child> = (0..3)
+        .map(|i| {
+            let name = format!("bad{i}");
+            let args = [
+                os("build"),
+                os("--layout"),
+                l,
+                os("--ref"),
+                os(&name),
+                os("--root"),
+                bad.as_os_str(),
+            ];
+            spawn(&args)
+        })
+        .collect();
+    for (name, child) in started {
+        expected.push((name, landed(child)));
+    }
+    for child in failing {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!(
+                "oci: {} is a socket: a layer holds only files, directories and symlinks; remove it from the root\n",
+                bad.join("sock").display()
+            )
+        );
+    }
+    for (name, digest) in &expected {
+        if name.starts_with('c') {
+            assert_eq!(digest, &source_digest, "{name}");
+        }
+    }
+    let mut names = ref_names(layout);
+    names.sort();
+    let mut want: Vec<String> = expected.iter().map(|(n, _)| n.clone()).collect();
+    want.sort();
+    assert_eq!(names, want, "every ref is set exactly once");
+    assert!(temporaries(layout).is_empty());
+    let mut listed: Vec<String> = ok(Command::new("umoci").args(["ls", "--layout"]).arg(layout))
+        .lines()
+        .map(str::to_string)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, want, "umoci lists every ref");
+    for (name, digest) in &expected {
+        let theirs: serde_json::Value = serde_json::from_str(&ok(Command::new("skopeo").args([
+            "inspect",
+            "--raw",
+            &oci_ref(layout, name),
+        ])))
+        .unwrap();
+        assert!(theirs.is_object(), "{name}");
+        assert_eq!(
+            inspect(&oci_ref(layout, name))["digest"],
+            digest.as_str(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn concurrent_builds_copies_and_indexes_into_a_new_layout_all_land() {
+    let tmp = tempdir();
+    concurrent_writers_all_land(tmp.path(), &tmp.path().join("new/layout"), false);
+}
+
+#[test]
+fn concurrent_builds_copies_and_indexes_into_an_existing_layout_all_land() {
+    let tmp = tempdir();
+    concurrent_writers_all_land(tmp.path(), &tmp.path().join("layout"), true);
+}
+
+/// Starts a build of a 1 GiB (sparse) file into `layout`, waits for its temporary blob to appear,
+/// sends `signal` and returns how the build ended.
+fn interrupted_build(root: &Path, layout: &Path, signal: &str) -> std::process::ExitStatus {
+    let mut child = oci()
+        .args(["build", "--ref", "big", "--threads", "1", "--layout"])
+        .arg(layout)
+        .arg("--root")
+        .arg(root)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !fs::read_dir(layout.join("blobs/sha256")).is_ok_and(|mut d| {
+        d.any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tmp-")
+        })
+    }) {
+        assert!(child.try_wait().unwrap().is_none(), "the build ended first");
+        assert!(std::time::Instant::now() < deadline, "no temporary blob");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    ok(Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string()));
+    child.wait().unwrap()
+}
+
+#[test]
+fn sigint_sigterm_and_sigkill_leave_no_temporary_file_after_the_next_command() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempdir();
+    let big = tmp.path().join("big");
+    fs::create_dir_all(&big).unwrap();
+    fs::File::create(big.join("zeros"))
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let small = small_root(&tmp.path().join("small"), "x\n");
+    let layout = tmp.path().join("layout");
+    build(&layout, "base", &small, &[]);
+    let before = snapshot(&layout);
+    for (signal, number) in [("INT", 2), ("TERM", 15)] {
+        let status = interrupted_build(&big, &layout, signal);
+        assert_eq!(status.signal(), Some(number), "{signal} ends the build");
+        assert_eq!(
+            snapshot(&layout),
+            before,
+            "{signal}: the layout is as it was"
+        );
+        // A layout the build made is taken back whole.
+        let fresh = tmp.path().join(format!("fresh-{signal}"));
+        interrupted_build(&big, &fresh, signal);
+        assert!(!fresh.exists(), "{signal}: the new layout is removed");
+    }
+    let status = interrupted_build(&big, &layout, "KILL");
+    assert_eq!(status.signal(), Some(9));
+    assert_eq!(temporaries(&layout).len(), 1, "SIGKILL cannot be caught");
+    // The next writer of the layout removes what the killed one left, whatever it writes.
+    build(&layout, "next", &small, &[]);
+    assert_eq!(temporaries(&layout), Vec::<PathBuf>::new());
+    assert_eq!(ref_names(&layout), ["base", "next"]);
+    let fresh = tmp.path().join("fresh-KILL");
+    interrupted_build(&big, &fresh, "KILL");
+    assert_eq!(temporaries(&fresh).len(), 1);
+    ok(oci().args([
+        "copy",
+        &oci_ref(&layout, "base"),
+        &oci_ref(&fresh, "copied"),
+    ]));
+    assert_eq!(temporaries(&fresh), Vec::<PathBuf>::new());
+    ok(Command::new("umoci").args(["ls", "--layout"]).arg(&fresh));
+}
+
+#[test]
+fn a_ref_named_twice_is_refused_by_every_command_naming_both_digests() {
+    let tmp = tempdir();
+    let layout = tmp.path().join("layout");
+    let first = build(
+        &layout,
+        "app",
+        &small_root(&tmp.path().join("a"), "a\n"),
+        &[],
+    );
+    let second = build(
+        &layout,
+        "other",
+        &small_root(&tmp.path().join("b"), "b\n"),
+        &[],
+    );
+    // Another tool (or a hand edit) wrote the name twice.
+    let path = layout.join("index.json");
+    let text = fs::read_to_string(&path).unwrap();
+    fs::write(&path, text.replace("\"other\"", "\"app\"")).unwrap();
+    let message = format!(
+        "oci: ref \"app\" is ambiguous in {}: it names {first} and {second}; pick one by its digest instead of the name\n",
+        layout.display()
+    );
+    let image = oci_ref(&layout, "app");
+    let l = layout.display().to_string();
+    let root = tmp.path().join("a").display().to_string();
+    let commands: [Vec<&str>; 5] = [
+        vec!["inspect", &image],
+        vec!["push", &image, "docker://127.0.0.1:1/app:1", "--plain-http"],
+        vec!["copy", &image, "oci:/nonexistent-never-made:x"],
+        vec!["index", "--layout", &l, "--ref", "i", "--manifest", "app"],
+        vec![
+            "build",
+            "--layout",
+            &l,
+            "--ref",
+            "n",
+            "--root",
+            &root,
+            "--base-layout",
+            &l,
+            "--base-ref",
+            "app",
+        ],
+    ];
+    let before = snapshot(&layout);
+    for args in commands {
+        assert_eq!(fails(oci().args(&args)), message, "{args:?}");
+    }
+    assert_eq!(snapshot(&layout), before);
+    assert!(!Path::new("/nonexistent-never-made").exists());
+    // By digest, each image is there.
+    let by_digest = format!("oci:{}@{second}", layout.display());
+    assert_eq!(inspect(&by_digest)["digest"], second.as_str());
+    // umoci refuses it too.
+    let umoci = fails(
+        Command::new("umoci")
+            .arg("stat")
+            .arg("--image")
+            .arg(format!("{}:app", layout.display())),
+    );
+    assert!(umoci.contains("tag is ambiguous"), "{umoci}");
+    // Rebuilding the ref leaves it named once.
+    build(
+        &layout,
+        "app",
+        &small_root(&tmp.path().join("a"), "a\n"),
+        &[],
+    );
+    assert_eq!(ref_names(&layout), ["app"]);
+}
+
+#[test]
+fn index_takes_several_manifests_after_one_flag_as_the_docs_say() {
+    let tmp = tempdir();
+    let layout = tmp.path().join("layout");
+    let root = small_root(&tmp.path().join("r"), "r\n");
+    build(&layout, "amd", &root, &[]);
+    build(&layout, "arm", &root, &["--platform", "linux/arm64/v8"]);
+    let index = |args: &[&str]| {
+        ok(oci().args(["index", "--layout"]).arg(&layout).args(args))
+            .trim()
+            .to_string()
+    };
+    let one_flag = index(&["--ref", "a", "--manifest", "amd", "arm"]);
+    let two_flags = index(&[
+        "--ref",
+        "b",
+        "--manifest",
+        "amd",
+        "--manifest",
+        "arm",
+        "--json",
+    ]);
+    let two_flags: serde_json::Value = serde_json::from_str(&two_flags).unwrap();
+    assert_eq!(two_flags["index"]["digest"], one_flag.as_str());
+}
+
+#[test]
+fn a_pseudo_file_and_an_unreadable_file_each_say_what_to_do() {
+    let tmp = tempdir();
+    let layout = tmp.path().join("layout");
+    // /proc files claim size 0 and yet have contents: not a file that changed while read.
+    let err = fails(
+        oci()
+            .args([
+                "build",
+                "--ref",
+                "p",
+                "--root",
+                "/proc/sys/fs/mqueue",
+                "--layout",
+            ])
+            .arg(&layout),
+    );
+    assert_eq!(
+        err,
+        "oci: /proc/sys/fs/mqueue/msg_default is a pseudo-file (its size reads as 0 but it has contents, as under /proc or /sys): copy what it holds into a regular file in the root\n"
+    );
+    assert!(!layout.exists());
+    // A file this user cannot read (as root, the build runs as nobody).
+    let root = small_root(&tmp.path().join("root"), "x\n");
+    let secret = root.join("etc/secret");
+    fs::write(&secret, "s").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o000)).unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let is_root = ok(Command::new("id").arg("-u")).trim() == "0";
+    let mut cmd = if is_root {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(testkit::bin("oci"));
+        c
+    } else {
+        oci()
+    };
+    let err = fails(
+        cmd.args(["build", "--ref", "s", "--root"])
+            .arg(&root)
+            .arg("--layout")
+            .arg(&layout),
+    );
+    assert_eq!(
+        err,
+        format!(
+            "oci: cannot read {}: Permission denied (os error 13): give the user running oci access to it, or run oci as a user that has it\n",
+            secret.display()
+        )
+    );
+    assert!(!layout.exists());
+}

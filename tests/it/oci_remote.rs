@@ -991,3 +991,232 @@ fn a_mount_answered_202_uploads_into_the_session_it_opened() {
     assert_eq!(reg.count("PUT /v2/dst/app/blobs/uploads/"), 3);
     assert_eq!(Digest::of(&skopeo_plain(&reg.image("dst/app:1"))), digest);
 }
+
+#[test]
+fn a_failed_copy_into_a_new_layout_leaves_no_layout() {
+    let tmp = testkit::tempdir();
+    let layout = Layout::create(&tmp.path().join("src")).unwrap();
+    multi_arch(&layout);
+    let multi = format!("oci:{}:multi", layout.dir().display());
+    let new = tmp.path().join("new/layout");
+    let dst = format!("oci:{}:x", new.display());
+    let reg = Registry::plain();
+    let missing = reg.image("missing:1");
+    let refused = format!(
+        "docker://127.0.0.1:{}/app:1",
+        testkit::registry::free_port()
+    );
+    let port = refused
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let cases = [
+        (
+            vec!["copy", &multi, &dst, "--platform", "linux/s390x"],
+            format!(
+                "oci: no manifest of {multi} is for linux/s390x: it has linux/amd64, linux/arm64/v8; pass one of those to --platform"
+            ),
+        ),
+        (
+            vec!["copy", &missing, &dst, "--plain-http"],
+            not_found(&missing),
+        ),
+        (
+            vec!["copy", &refused, &dst, "--plain-http"],
+            format!(
+                "oci: cannot connect to registry 127.0.0.1:{port}: connection refused; check the host and port and that the registry is running"
+            ),
+        ),
+    ];
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let into_empty = format!("oci:{}:x", empty.display());
+    for (args, message) in &cases {
+        assert_eq!(&fails(args), message);
+        assert!(!new.exists(), "no layout is left after: {message}");
+        // An empty folder given as the destination stays an empty folder.
+        let mut args = args.clone();
+        args[2] = &into_empty;
+        assert_eq!(&fails(&args), message);
+        assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0, "{message}");
+    }
+    // The same copy that works makes the layout.
+    ok(&["copy", &multi, &dst, "--platform", "linux/amd64"]);
+    assert!(new.join("oci-layout").is_file());
+}
+
+#[test]
+fn a_v1_client_certificate_is_presented_and_only_a_key_that_differs_is_refused() {
+    let pki = Pki::new();
+    let text = testkit::ok(
+        Command::new("openssl")
+            .args(["x509", "-noout", "-text", "-in"])
+            .arg(&pki.client_v1_cert),
+    );
+    assert!(text.contains("Version: 1 (0x0)"), "{text}");
+    let tmp = testkit::tempdir();
+    let (layout, digest) = small_image(tmp.path(), 21);
+    let reg = Registry::tls(&pki);
+    let (cert, key, ca) = (
+        pki.client_v1_cert.to_str().unwrap(),
+        pki.client_v1_key.to_str().unwrap(),
+        pki.ca_cert.to_str().unwrap(),
+    );
+    // curl, an independent client, is let in with it: the registry accepts a v1 certificate.
+    testkit::ok(Command::new("curl").args([
+        "-sf",
+        "--cacert",
+        ca,
+        "--cert",
+        cert,
+        "--key",
+        key,
+        &format!("https://{}/v2/", reg.host()),
+    ]));
+    let tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca];
+    let dst = reg.image("v1/app:1");
+    let src = app_src(&layout);
+    let mut args = vec!["push", &src, &dst];
+    args.extend(tls);
+    assert_eq!(ok(&args), digest.to_string());
+    let copied = reg.image("v1/copied:1");
+    let mut args = vec!["copy", &dst, &copied];
+    args.extend(tls);
+    assert_eq!(ok(&args), digest.to_string());
+    let out = format!("oci:{}:pulled", tmp.path().join("pulled").display());
+    let mut args = vec!["copy", &copied, &out];
+    args.extend(tls);
+    assert_eq!(ok(&args), digest.to_string());
+    assert_eq!(
+        Digest::of(&skopeo_raw(
+            &copied,
+            &["--cert-dir", tls_dir(tmp.path(), &pki).to_str().unwrap()]
+        )),
+        digest
+    );
+    // A key that truly belongs to another certificate gets the message about the key.
+    let other_key = pki.client_key.to_str().unwrap();
+    let err = fails(&[
+        "inspect",
+        &dst,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        other_key,
+        "--tls-ca",
+        ca,
+    ]);
+    assert_eq!(
+        err,
+        format!(
+            "oci: the client certificate {cert} does not go with its key {other_key} (their public keys differ): pass the matching --tls-key"
+        )
+    );
+}
+
+/// A folder skopeo reads with --cert-dir: the CA and the v1 client certificate and key.
+fn tls_dir(dir: &Path, pki: &Pki) -> std::path::PathBuf {
+    let d = dir.join("skopeo-certs");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(&pki.ca_cert, d.join("ca.crt")).unwrap();
+    std::fs::copy(&pki.client_v1_cert, d.join("client.cert")).unwrap();
+    std::fs::copy(&pki.client_v1_key, d.join("client.key")).unwrap();
+    d
+}
+
+#[test]
+fn plain_http_against_a_tls_registry_says_to_drop_it() {
+    let pki = Pki::new();
+    let tmp = testkit::tempdir();
+    let (layout, _) = small_image(tmp.path(), 22);
+    let reg = Registry::tls(&pki);
+    let message = format!(
+        "oci: registry {} answered plain HTTP with something else: drop --plain-http if it serves TLS",
+        reg.host()
+    );
+    // push and copy first ask with HEAD, whose answer has no body to read the reason from.
+    let dst = reg.image("app:1");
+    assert_eq!(
+        fails(&["push", &app_src(&layout), &dst, "--plain-http"]),
+        message
+    );
+    let out = format!("oci:{}:x", tmp.path().join("out").display());
+    assert_eq!(
+        fails(&["copy", &app_src(&layout), &dst, "--plain-http"]),
+        message
+    );
+    assert_eq!(fails(&["copy", &dst, &out, "--plain-http"]), message);
+    assert_eq!(fails(&["inspect", &dst, "--plain-http"]), message);
+}
+
+#[test]
+fn a_tag_holding_a_colon_is_reported_as_a_bad_tag() {
+    let tmp = testkit::tempdir();
+    let (layout, _) = small_image(tmp.path(), 23);
+    let err = fails(&[
+        "push",
+        &app_src(&layout),
+        "docker://127.0.0.1:5000/team/app:bad:tag",
+    ]);
+    assert_eq!(
+        err,
+        "oci: bad reference \"docker://127.0.0.1:5000/team/app:bad:tag\": the tag must be 1 to 128 letters, digits, _ . or -, not starting with . or -; use oci:DIR:REF, oci:DIR@sha256:HEX or docker://HOST[:PORT]/REPO[:TAG|@sha256:HEX]"
+    );
+}
+
+/// The upload sessions whose bytes the registry still keeps for a repository.
+fn uploaded_data(reg: &Registry, repo: &str) -> usize {
+    let dir = reg
+        .storage()
+        .join("docker/registry/v2/repositories")
+        .join(repo)
+        .join("_uploads");
+    std::fs::read_dir(dir).map_or(0, |d| {
+        d.filter(|e| e.as_ref().unwrap().path().join("data").exists())
+            .count()
+    })
+}
+
+#[test]
+fn a_failed_upload_cancels_its_session() {
+    let tmp = testkit::tempdir();
+    let (layout, _) = small_image(tmp.path(), 24);
+    let m: serde_json::Value =
+        serde_json::from_slice(&layout.read_blob(&small_manifest(&layout), None).unwrap()).unwrap();
+    let victim: Digest = m["layers"][0]["digest"].as_str().unwrap().parse().unwrap();
+    let path = layout.blob_path(&victim);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let reg = Registry::plain();
+    for (repo, extra) in [("whole", None), ("chunked", Some("65536"))] {
+        let mut args = vec![
+            "push".to_string(),
+            app_src(&layout),
+            reg.image(&format!("{repo}:1")),
+            "--plain-http".into(),
+        ];
+        if let Some(chunk) = extra {
+            args.extend(["--chunk-size".into(), chunk.into()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let err = fails(&args);
+        assert!(err.contains("does not match its digest"), "{err}");
+        let cancelled: Vec<String> = reg
+            .requests()
+            .into_iter()
+            .filter(|r| r.starts_with(&format!("DELETE /v2/{repo}/blobs/uploads/")))
+            .collect();
+        assert_eq!(cancelled.len(), 1, "{repo}: {:?}", reg.requests());
+        if extra.is_some() {
+            // The session's state followed every chunk, so the registry takes the cancel.
+            // (After a streamed PUT the state no longer matches what distribution 2.8 holds: it
+            // answers the cancel 404 and keeps the bytes until its purge; docs/oci-registry.md.)
+            assert!(cancelled[0].ends_with(" 204"), "{cancelled:?}");
+            assert_eq!(uploaded_data(&reg, repo), 0, "{repo}: its bytes are gone");
+        }
+    }
+}

@@ -10,6 +10,9 @@ pub struct Pki {
     pub server_key: PathBuf,
     pub client_cert: PathBuf,
     pub client_key: PathBuf,
+    /// A client certificate as a bare `openssl x509 -req` makes it: no extensions, so X.509 version 1.
+    pub client_v1_cert: PathBuf,
+    pub client_v1_key: PathBuf,
     /// A second, unrelated CA: a client trusting only it finds the server untrusted.
     pub other_ca_cert: PathBuf,
     /// A client certificate signed by the unrelated CA, which the registry refuses.
@@ -31,6 +34,7 @@ impl Pki {
             "subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
         );
         leaf(d, "client", "ca", "extendedKeyUsage=clientAuth\n");
+        leaf(d, "client-v1", "ca", "");
         leaf(d, "stranger", "other-ca", "extendedKeyUsage=clientAuth\n");
         Pki {
             ca_cert: d.join("ca.crt"),
@@ -38,6 +42,8 @@ impl Pki {
             server_key: d.join("server.key"),
             client_cert: d.join("client.crt"),
             client_key: d.join("client.key"),
+            client_v1_cert: d.join("client-v1.crt"),
+            client_v1_key: d.join("client-v1.key"),
             other_ca_cert: d.join("other-ca.crt"),
             stranger_cert: d.join("stranger.crt"),
             stranger_key: d.join("stranger.key"),
@@ -97,30 +103,30 @@ fn ca(dir: &Path, name: &str, cn: &str) {
     );
 }
 
+/// A certificate signed by `ca`; with no `extensions`, a bare `openssl x509 -req` (version 1).
 fn leaf(dir: &Path, name: &str, ca: &str, extensions: &str) {
     let (csr, crt) = (format!("{name}.csr"), format!("{name}.crt"));
     let ext = format!("{name}.ext");
-    std::fs::write(dir.join(&ext), extensions).expect("can write the extensions file");
     req_with_new_key(dir, name, name, &csr, &[]);
     let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca_crt,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-        ],
-    );
+    let mut args = vec![
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca_crt,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-out",
+        &crt,
+        "-days",
+        "2",
+    ];
+    if !extensions.is_empty() {
+        std::fs::write(dir.join(&ext), extensions).expect("can write the extensions file");
+        args.extend(["-extfile", &ext]);
+    }
+    openssl(dir, &args);
 }

@@ -19,6 +19,7 @@ pub enum Started {
 }
 
 /// How a monolithic PUT ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Put {
     Done,
     /// The registry refused one big body (413, or a 400 that is not about the digest): use chunks.
@@ -191,12 +192,22 @@ impl Client {
         }
     }
 
+    /// Cancels an upload session that failed (`DELETE`), so the registry does not keep its partial
+    /// data until its own purge. Best effort: the transfer is already failing with its own error.
+    pub async fn cancel_upload(&self, repo: &str, location: &str) {
+        let url = self.url(location);
+        let _ = self
+            .send(&Scope::push(repo), Method::DELETE, &url, |rb| rb)
+            .await;
+    }
+
     /// Uploads the blob in PATCH chunks of `chunk` bytes (at least what the registry asked for),
-    /// then closes the session with a PUT carrying the digest. One chunk is held in memory at a time.
+    /// then closes the session with a PUT carrying the digest. One chunk is held in memory at a
+    /// time. `location` follows the session (for a cancel if it fails).
     pub async fn put_chunked(
         &self,
         repo: &str,
-        mut location: String,
+        location: &mut String,
         digest: &Digest,
         mut body: ByteStream,
         chunk: u64,
@@ -232,7 +243,7 @@ impl Client {
             }
             let piece: Bytes = buf.split_to(take).freeze();
             let end = offset + piece.len() as u64 - 1;
-            let url = self.url(&location);
+            let url = self.url(location);
             let resp = self
                 .send(&scope, Method::PATCH, &url, |rb| {
                     rb.header(header::CONTENT_TYPE, "application/octet-stream")
@@ -246,10 +257,10 @@ impl Client {
                     .status_error(resp, &scope, &format!("upload of blob {digest}"))
                     .await);
             }
-            location = self::location(self, &resp, "PATCH", &url)?;
+            *location = self::location(self, &resp, "PATCH", &url)?;
             offset = end + 1;
         }
-        let url = with_digest(&self.url(&location), digest);
+        let url = with_digest(&self.url(location), digest);
         let resp = self
             .send(&scope, Method::PUT, &url, |rb| {
                 rb.header(header::CONTENT_LENGTH, "0")

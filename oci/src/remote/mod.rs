@@ -379,11 +379,13 @@ impl Client {
                 what: what.to_string(),
             },
             _ => {
+                // Go's TLS server answers plain HTTP with a bare HTTP/1.0 400 (its body, which
+                // says so, is not read for a HEAD); a registry itself answers HTTP/1.1.
+                let bare = resp.version() == reqwest::Version::HTTP_10;
                 let detail = error_detail(resp).await;
-                // Go's TLS server answers plain HTTP with this 400.
                 if status == StatusCode::BAD_REQUEST
                     && self.inner.tls.is_none()
-                    && detail.contains("HTTP request to an HTTPS server")
+                    && (bare || detail.contains("HTTP request to an HTTPS server"))
                 {
                     return RemoteError::NotPlain { host };
                 }
