@@ -865,3 +865,30 @@ fn a_machine_whose_clock_is_two_hours_ahead_joins_works_and_names_its_clock() {
     assert!(log.contains("s past the join token's expiry by the coordinator's clock: this machine's clock may be wrong (sync it with NTP); joining anyway, the coordinator judges expiry"), "{log}");
     assert_eq!(agent.count("session lost"), 0, "{log}");
 }
+
+#[test]
+fn arguments_reach_the_program_byte_for_byte() {
+    use std::os::unix::ffi::OsStrExt;
+    let fleet = Fleet::new();
+    let out = fleet.path("args.bin");
+    let program = script(
+        &fleet.path("args.sh"),
+        &format!("printf '%s|' \"$@\" > {}", out.display()),
+    );
+    let not_utf8 = std::ffi::OsStr::from_bytes(&[0xff, b'a', 0xfe]);
+    let set = testkit::ok(
+        fleet
+            .coord
+            .command()
+            .args(["run", "--all", "--program"])
+            .arg(&program)
+            .args(["--", "two words", "'quoted' \"and\" $HOME"])
+            .arg(not_utf8),
+    );
+    let row = fleet.wait_row(set.trim(), is_final);
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        b"two words|'quoted' \"and\" $HOME|\xffa\xfe|"
+    );
+}

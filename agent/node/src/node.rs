@@ -16,6 +16,8 @@ use std::time::Duration;
 pub const MAX_COLLECT: u64 = 8 << 20;
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
+static STAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Temporary files of the node under its state folder: programs being staged, inputs, collects.
 pub fn scratch_dir(state: &Path) -> PathBuf {
     state.join("scratch")
@@ -110,8 +112,10 @@ impl Node {
         let Ok(bytes) = B64.decode(program_b64) else {
             return Err(other(format!("stage {digest}: the program is not base64")));
         };
+        // Stages run side by side, so each gets a file of its own.
+        let n = STAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let file = self
-            .scratch_file(&format!("stage-{}", std::process::id()))
+            .scratch_file(&format!("stage-{}-{n}", std::process::id()))
             .map_err(other)?;
         if let Err(e) = std::fs::write(&file, &bytes) {
             return Err(other(format!(

@@ -24,8 +24,21 @@ const MAX_STARTING: usize = 4;
 /// Commands executed at once, starts included.
 const MAX_WORKING: usize = 16;
 
-/// A command that ran beside the loop: its op, its answer, and the run it started, if a start.
-type Done = (String, Answer, Option<String>);
+/// A command that ran beside the loop: its op, its answer, and what it held up while it ran.
+struct Done {
+    op: String,
+    answer: Answer,
+    held: Holds,
+}
+
+/// What a command in flight holds up: commands about a run wait for its start, starts wait for
+/// the programs being staged (the start may need one of them).
+#[derive(Clone)]
+enum Holds {
+    Start(String),
+    Stage,
+    Nothing,
+}
 
 /// The commands running beside the session loop.
 #[derive(Default)]
@@ -33,11 +46,29 @@ struct Working {
     tasks: JoinSet<Done>,
     /// Runs whose start is in flight.
     starting: std::collections::HashSet<String>,
+    /// Stages in flight.
+    staging: usize,
 }
 
 impl Working {
-    fn starts_in_flight(&self) -> usize {
-        self.starting.len()
+    fn hold(&mut self, held: &Holds) {
+        match held {
+            Holds::Start(run) => {
+                self.starting.insert(run.clone());
+            }
+            Holds::Stage => self.staging += 1,
+            Holds::Nothing => {}
+        }
+    }
+
+    fn release(&mut self, held: &Holds) {
+        match held {
+            Holds::Start(run) => {
+                self.starting.remove(run);
+            }
+            Holds::Stage => self.staging -= 1,
+            Holds::Nothing => {}
+        }
     }
 }
 
@@ -249,7 +280,7 @@ impl Session<'_> {
         }
     }
 
-    /// Starts one command: staging and facts in order, everything else beside the loop.
+    /// Starts one command beside the loop (facts, which the session sends itself, in order).
     async fn dispatch<W: AsyncWrite + Unpin>(
         &self,
         writer: &mut W,
@@ -259,18 +290,14 @@ impl Session<'_> {
         command: Command,
         sent_up_to: &mut u64,
     ) -> Result<(), Ended> {
-        let run = match &command {
-            Command::Stage { .. } | Command::Facts => {
-                return self
-                    .command(writer, op, generation, command, sent_up_to)
-                    .await;
-            }
+        let held = match &command {
+            Command::Facts => return self.send_facts(writer, op).await,
+            Command::Stage { .. } => Holds::Stage,
             Command::Start(start) => {
-                while working.starts_in_flight() >= MAX_STARTING {
+                while working.staging > 0 || working.starting.len() >= MAX_STARTING {
                     self.answer_next(writer, working, sent_up_to).await?;
                 }
-                working.starting.insert(start.run_id.clone());
-                Some(start.run_id.clone())
+                Holds::Start(start.run_id.clone())
             }
             Command::Stop { run_id }
             | Command::Status { run_id }
@@ -278,16 +305,17 @@ impl Session<'_> {
                 while working.starting.contains(run_id) {
                     self.answer_next(writer, working, sent_up_to).await?;
                 }
-                None
+                Holds::Nothing
             }
         };
         while working.tasks.len() >= MAX_WORKING {
             self.answer_next(writer, working, sent_up_to).await?;
         }
+        working.hold(&held);
         let node = self.node.clone();
         working.tasks.spawn_blocking(move || {
             let answer = node.execute(&op, generation, &command);
-            (op, answer, run)
+            Done { op, answer, held }
         });
         Ok(())
     }
@@ -300,9 +328,10 @@ impl Session<'_> {
     ) -> Result<(), Ended> {
         match working.tasks.join_next().await {
             Some(done) => self.answer(writer, working, done, sent_up_to).await,
-            // Nothing left running: a start that crashed is not in flight any more.
+            // Nothing left running: a command that crashed holds nothing up any more.
             None => {
                 working.starting.clear();
+                working.staging = 0;
                 Ok(())
             }
         }
@@ -317,46 +346,28 @@ impl Session<'_> {
         sent_up_to: &mut u64,
     ) -> Result<(), Ended> {
         match done {
-            Ok((op, answer, run)) => {
-                if let Some(run) = run {
-                    working.starting.remove(&run);
-                }
+            Ok(Done { op, answer, held }) => {
+                working.release(&held);
                 protocol::write_msg(writer, &Up::Result { op, answer }).await?
             }
-            // Its op is not recorded, so the coordinator sends it again in the next session; the
-            // run id stays marked starting, so nothing about that run overtakes the redelivery.
+            // Its op is not recorded, so the coordinator sends it again in the next session; what
+            // it held stays held until nothing runs, so nothing overtakes the redelivery.
             Err(e) => tracing::error!("a command crashed: {e}"),
         }
         self.send_events(writer, sent_up_to).await
     }
 
-    /// Runs one command and sends its answer, then whatever events it spooled.
-    async fn command<W: AsyncWrite + Unpin>(
+    /// Sends fresh facts, then the answer to the command that asked for them.
+    async fn send_facts<W: AsyncWrite + Unpin>(
         &self,
         writer: &mut W,
         op: String,
-        generation: u64,
-        command: Command,
-        sent_up_to: &mut u64,
     ) -> Result<(), Ended> {
-        let answer = if let Command::Facts = command {
-            let facts = self.facts.collect().await;
-            protocol::write_msg(writer, &Up::Facts { facts }).await?;
-            Ok(Reply::FactsSent)
-        } else {
-            let node = self.node.clone();
-            let op = op.clone();
-            tokio::task::spawn_blocking(move || node.execute(&op, generation, &command))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(Refusal::new(
-                        RefusalClass::Other,
-                        format!("the command crashed: {e}"),
-                    ))
-                })
-        };
+        let facts = self.facts.collect().await;
+        protocol::write_msg(writer, &Up::Facts { facts }).await?;
+        let answer = Ok(Reply::FactsSent);
         protocol::write_msg(writer, &Up::Result { op, answer }).await?;
-        self.send_events(writer, sent_up_to).await
+        Ok(())
     }
 
     /// Brings the spool up to date with the runtime (re-adoption and watching), then sends.
