@@ -1,12 +1,18 @@
 //! Tests: store_postgres. The coordinator's PostgreSQL store against a real PostgreSQL from
 //! Debian's packages, in a throwaway cluster per test: the whole store conformance suite, tokens
-//! raced from two stores at once, schema versions.
+//! raced from two stores at once, schema versions, an unreachable database, and a fleet served
+//! from it end to end.
 use fleet_coordinator::store::{
     Backend, KEEP_FINAL_RUNS, PostgresBackend, SCHEMA_VERSION, Store, StoreError, TokenRecord,
     conformance,
 };
+use serde_json::Value;
 use std::sync::{Arc, Barrier};
+use std::time::Duration;
+use testkit::agent::{Agent, Coordinator, script};
 use testkit::postgres::Postgres;
+
+const WAIT: Duration = Duration::from_secs(30);
 
 fn open(url: &str) -> Store {
     Store::open(
@@ -149,4 +155,120 @@ fn a_newer_schema_or_a_foreign_database_is_refused_and_left_alone() {
         "invoices",
         "nothing laid out beside its tables"
     );
+}
+
+/// A database nobody answers for stops `serve` (and an operator command) at once, with one line
+/// that names the URL without its password.
+#[test]
+fn an_unreachable_database_is_one_line_without_the_password() {
+    let dir = testkit::tempdir();
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("postgres://fleet:hunter2@127.0.0.1:{port}/fleet");
+    let expected = format!(
+        "fleet-coordinator: cannot connect to the coordinator store postgres://fleet:***@127.0.0.1:{port}/fleet: error connecting to server: Connection refused (os error 111): check that PostgreSQL runs there and that the URL's host, user, password and database are right"
+    );
+    for args in [&["serve", "--listen", "127.0.0.1:0"][..], &["nodes"][..]] {
+        let err = testkit::fails(
+            testkit::cmd("fleet-coordinator")
+                .arg("--data")
+                .arg(dir.path().join("coord"))
+                .args(["--store", &url])
+                .args(args),
+        );
+        assert_eq!(err.trim_end(), expected, "{args:?}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    let err = testkit::fails(
+        testkit::cmd("fleet-coordinator")
+            .arg("--data")
+            .arg(dir.path().join("coord"))
+            .args(["--store", "mysql://fleet:hunter2@db/fleet", "nodes"]),
+    );
+    assert_eq!(
+        err.trim_end(),
+        "fleet-coordinator: --store takes a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, not `mysql://fleet:***@db/fleet`; leave it out for the embedded store in the data directory"
+    );
+}
+
+/// `serve --store postgres://...`: an agent joins, a run finishes, and the records are in the
+/// database (the key in the data folder, no embedded store beside it); with `serve` gone, an
+/// operator command given the same `--store` reads them there.
+#[test]
+fn a_fleet_served_from_postgres_joins_and_finishes_a_run() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let dir = testkit::tempdir();
+    let data = dir.path().join("coord");
+    let mut coord = Coordinator::start(&data, &["--store", &url]);
+    let join = dir.path().join("fleet.json");
+    std::fs::write(&join, coord.token(&["--name", "worker"])).unwrap();
+    let mut agent = Agent::spawn(&dir.path().join("agent.log"), {
+        let mut cmd = testkit::cmd("fleet-agent");
+        cmd.arg("--join-file")
+            .arg(&join)
+            .arg("--state")
+            .arg(dir.path().join("state"))
+            .arg("--run-store")
+            .arg(dir.path().join("runs"))
+            .arg("--cloud-root")
+            .arg(dir.path().join("cloud"))
+            .args([
+                "--accelerator-tool",
+                "/nonexistent/nvidia-smi",
+                "--retry-base",
+                "50ms",
+            ]);
+        cmd
+    });
+    assert!(
+        agent.wait_for("session open", 1, WAIT),
+        "agent: {}\ncoordinator: {}",
+        agent.log_text(),
+        coord.log_text()
+    );
+    let program = script(&dir.path().join("greet.sh"), "echo \"hello $1\"");
+    let set = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--all", "--program"])
+            .arg(&program)
+            .args(["--", "postgres"]),
+    );
+    let set = set.trim();
+    let polled = testkit::ok(
+        coord
+            .command()
+            .args(["status", "--set", set, "--poll", "--json"]),
+    );
+    let row = serde_json::from_str::<Value>(&polled).unwrap()[0].clone();
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(row["outcome"]["exit_code"], 0, "{row:#}");
+
+    let db = database_of(&url);
+    assert_eq!(pg.sql(db, "SELECT count(*) FROM nodes").trim(), "1");
+    assert_eq!(
+        pg.sql(db, "SELECT record->>'state' FROM runs").trim(),
+        "finished"
+    );
+    assert!(
+        data.join(fleet_coordinator::KEY_FILE).exists(),
+        "the key stays in the data folder"
+    );
+    assert!(
+        !data.join(fleet_coordinator::STORE_FILE).exists(),
+        "no embedded store beside the database"
+    );
+
+    agent.kill();
+    coord.kill();
+    let offline = testkit::ok(
+        coord
+            .command()
+            .args(["--store", &url, "status", "--set", set, "--json"]),
+    );
+    let row = serde_json::from_str::<Value>(&offline).unwrap()[0].clone();
+    assert_eq!(row["state"], "finished", "read from the database: {row:#}");
 }
