@@ -157,6 +157,43 @@ fn a_newer_schema_or_a_foreign_database_is_refused_and_left_alone() {
     );
 }
 
+/// PostgreSQL restarted between two calls: the pooled connections it cut are replaced, and the
+/// next calls, reads and writes, go through as if nothing happened.
+#[test]
+fn a_store_goes_on_after_postgres_restarts() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let store = Arc::new(open(&url));
+    let token = TokenRecord {
+        expires_at_ms: u64::MAX,
+        name: None,
+        labels: Default::default(),
+        spent_by: None,
+    };
+    // Several connections in the pool, all of them cut by the restart.
+    let callers: Vec<_> = (0..4)
+        .map(|i| {
+            let (store, token) = (store.clone(), token.clone());
+            std::thread::spawn(move || store.add_token(&format!("before-{i}"), &token, 0))
+        })
+        .collect();
+    for caller in callers {
+        caller.join().unwrap().unwrap();
+    }
+    pg.restart();
+    for i in 0..4 {
+        assert!(
+            store.has_waiting_token(1).unwrap(),
+            "read {i} after the restart"
+        );
+        store
+            .add_token(&format!("after-{i}"), &token, 0)
+            .unwrap_or_else(|e| panic!("write {i} after the restart: {e}"));
+    }
+    let tokens = pg.sql(database_of(&url), "SELECT count(*) FROM tokens");
+    assert_eq!(tokens.trim(), "8");
+}
+
 /// A database nobody answers for stops `serve` (and an operator command) at once, with one line
 /// that names the URL without its password.
 #[test]

@@ -13,7 +13,7 @@ use super::{
 use postgres::config::Host;
 use postgres::error::SqlState;
 use postgres::types::{Json, ToSql};
-use postgres::{Client, GenericClient, IsolationLevel, Row, Statement};
+use postgres::{Client, GenericClient, Row, Statement};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::cell::{Cell, RefCell};
@@ -302,16 +302,13 @@ impl Backend for PostgresBackend {
 
     fn read(&self, f: &mut dyn FnMut(&dyn ReadTx) -> StoreResult<()>) -> StoreResult<()> {
         self.with_conn(|conn| {
-            let tx = conn
-                .client
-                .build_transaction()
-                .isolation_level(IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .map_err(fail)?;
-            let tx = PgTx::new(tx, &mut conn.prepared);
-            f(&tx)?;
-            tx.tx.into_inner().commit().map_err(fail)
+            self.begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+            let done = f(&PgTx::new(conn));
+            let end = conn.client.batch_execute(match done {
+                Ok(()) => "COMMIT",
+                Err(_) => "ROLLBACK",
+            });
+            done.and(end.map_err(fail))
         })
     }
 
@@ -323,24 +320,21 @@ impl Backend for PostgresBackend {
                     let ms = rand::random::<u64>() % (1 << attempt.min(6));
                     std::thread::sleep(Duration::from_millis(ms));
                 }
-                let tx = conn
-                    .client
-                    .build_transaction()
-                    .isolation_level(IsolationLevel::Serializable)
-                    .start()
-                    .map_err(fail)?;
-                let mut tx = PgTx::new(tx, &mut conn.prepared);
+                self.begin(conn, "BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+                let mut tx = PgTx::new(conn);
                 let done = f(&mut tx);
-                if tx.conflict.get() {
-                    continue;
+                let conflict = tx.conflict.get();
+                if conflict || done.is_err() {
+                    let _ = conn.client.batch_execute("ROLLBACK");
+                    if conflict {
+                        continue;
+                    }
+                    return done;
                 }
-                let tx = tx.tx.into_inner();
-                match done {
-                    Err(e) => return Err(e),
-                    Ok(()) => match tx.commit() {
-                        Err(e) if is_conflict(&e) => continue,
-                        committed => return committed.map_err(fail),
-                    },
+                // A failed COMMIT ends the transaction too: nothing of it was kept.
+                match conn.client.batch_execute("COMMIT") {
+                    Err(e) if is_conflict(&e) => continue,
+                    committed => return committed.map_err(fail),
                 }
             }
             Err(StoreError::Db(format!(
@@ -350,9 +344,25 @@ impl Backend for PostgresBackend {
     }
 }
 
+impl PostgresBackend {
+    /// Starts a transaction. A pooled connection that the server closed while it was idle (a
+    /// restart) fails here, before anything was done, so it is replaced by a new one, once.
+    fn begin(&self, conn: &mut Conn, begin: &str) -> StoreResult<()> {
+        match conn.client.batch_execute(begin) {
+            Err(_) if conn.client.is_closed() => {
+                let fresh = self.connect()?;
+                self.pool.lock().expect("pool lock").open -= 1;
+                *conn = fresh;
+                conn.client.batch_execute(begin).map_err(fail)
+            }
+            begun => begun.map_err(fail),
+        }
+    }
+}
+
 /// One transaction, for reads and writes alike; statements are prepared once per connection.
 struct PgTx<'a> {
-    tx: RefCell<postgres::Transaction<'a>>,
+    client: RefCell<&'a mut Client>,
     prepared: RefCell<&'a mut HashMap<&'static str, Statement>>,
     /// A statement failed on a serialization conflict: the whole transaction is tried again.
     conflict: Cell<bool>,
@@ -361,13 +371,10 @@ struct PgTx<'a> {
 type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
 
 impl<'a> PgTx<'a> {
-    fn new(
-        tx: postgres::Transaction<'a>,
-        prepared: &'a mut HashMap<&'static str, Statement>,
-    ) -> PgTx<'a> {
+    fn new(conn: &'a mut Conn) -> PgTx<'a> {
         PgTx {
-            tx: RefCell::new(tx),
-            prepared: RefCell::new(prepared),
+            client: RefCell::new(&mut conn.client),
+            prepared: RefCell::new(&mut conn.prepared),
             conflict: Cell::new(false),
         }
     }
@@ -383,24 +390,24 @@ impl<'a> PgTx<'a> {
         if let Some(statement) = self.prepared.borrow().get(sql) {
             return Ok(statement.clone());
         }
-        let statement = self.check(self.tx.borrow_mut().prepare(sql))?;
+        let statement = self.check(self.client.borrow_mut().prepare(sql))?;
         self.prepared.borrow_mut().insert(sql, statement.clone());
         Ok(statement)
     }
 
     fn query(&self, sql: &'static str, params: Params) -> StoreResult<Vec<Row>> {
         let statement = self.statement(sql)?;
-        self.check(self.tx.borrow_mut().query(&statement, params))
+        self.check(self.client.borrow_mut().query(&statement, params))
     }
 
     fn query_opt(&self, sql: &'static str, params: Params) -> StoreResult<Option<Row>> {
         let statement = self.statement(sql)?;
-        self.check(self.tx.borrow_mut().query_opt(&statement, params))
+        self.check(self.client.borrow_mut().query_opt(&statement, params))
     }
 
     fn execute(&self, sql: &'static str, params: Params) -> StoreResult<()> {
         let statement = self.statement(sql)?;
-        self.check(self.tx.borrow_mut().execute(&statement, params))
+        self.check(self.client.borrow_mut().execute(&statement, params))
             .map(drop)
     }
 
