@@ -153,12 +153,13 @@ impl PostgresBackend {
             pool: Mutex::new(Pool::default()),
             freed: Condvar::new(),
         };
-        let first = backend.connect()?;
+        let first = backend.take()?;
         backend.give_back(first);
         Ok(backend)
     }
 
-    fn connect(&self) -> StoreResult<Conn> {
+    /// A new connection (counted by the caller).
+    fn dial(&self) -> StoreResult<Conn> {
         // A unix socket has no name to check a certificate against: no TLS there.
         let local = (self.config.get_hosts().iter()).all(|host| matches!(host, Host::Unix(_)));
         let connected = match local {
@@ -169,7 +170,6 @@ impl PostgresBackend {
             url: self.location.clone(),
             reason: one_line(&e),
         })?;
-        self.pool.lock().expect("pool lock").open += 1;
         Ok(Conn {
             client,
             prepared: HashMap::new(),
@@ -189,8 +189,14 @@ impl PostgresBackend {
                 continue;
             }
             if pool.open < POOL_SIZE {
+                pool.open += 1;
                 drop(pool);
-                return self.connect();
+                let dialed = self.dial();
+                if dialed.is_err() {
+                    self.pool.lock().expect("pool lock").open -= 1;
+                    self.freed.notify_one();
+                }
+                return dialed;
             }
             pool = self.freed.wait(pool).expect("pool lock");
         }
@@ -350,9 +356,7 @@ impl PostgresBackend {
     fn begin(&self, conn: &mut Conn, begin: &str) -> StoreResult<()> {
         match conn.client.batch_execute(begin) {
             Err(_) if conn.client.is_closed() => {
-                let fresh = self.connect()?;
-                self.pool.lock().expect("pool lock").open -= 1;
-                *conn = fresh;
+                *conn = self.dial()?;
                 conn.client.batch_execute(begin).map_err(fail)
             }
             begun => begun.map_err(fail),
