@@ -22,6 +22,16 @@ fn open(url: &str) -> Store {
     .unwrap()
 }
 
+/// An unspent token that never expires.
+fn token() -> TokenRecord {
+    TokenRecord {
+        expires_at_ms: u64::MAX,
+        name: None,
+        labels: Default::default(),
+        spent_by: None,
+    }
+}
+
 fn database_of(url: &str) -> &str {
     url.rsplit('/').next().unwrap()
 }
@@ -44,14 +54,8 @@ fn a_token_raced_from_two_stores_is_spent_once() {
     let stores = [Arc::new(open(&url)), Arc::new(open(&url))];
     const ROUNDS: usize = 30;
     for round in 0..ROUNDS {
-        let token = TokenRecord {
-            expires_at_ms: u64::MAX,
-            name: None,
-            labels: Default::default(),
-            spent_by: None,
-        };
         let hash = format!("token-{round}");
-        stores[0].add_token(&hash, &token, 0).unwrap();
+        stores[0].add_token(&hash, &token(), 0).unwrap();
         let barrier = Arc::new(Barrier::new(2));
         let racers: Vec<_> = stores
             .iter()
@@ -164,12 +168,7 @@ fn a_store_goes_on_after_postgres_restarts() {
     let pg = Postgres::start();
     let url = pg.fresh_database();
     let store = Arc::new(open(&url));
-    let token = TokenRecord {
-        expires_at_ms: u64::MAX,
-        name: None,
-        labels: Default::default(),
-        spent_by: None,
-    };
+    let token = token();
     // Several connections in the pool, all of them cut by the restart.
     let callers: Vec<_> = (0..4)
         .map(|i| {
@@ -192,6 +191,49 @@ fn a_store_goes_on_after_postgres_restarts() {
     }
     let tokens = pg.sql(database_of(&url), "SELECT count(*) FROM tokens");
     assert_eq!(tokens.trim(), "8");
+}
+
+/// Over TCP with TLS (rustls on ring): `sslmode=require` with the CA named by `sslrootcert`
+/// connects, and the server sees TLS; a certificate no trusted CA signed stops the connection
+/// with one line saying which option names the CA; a CA file that cannot be read is named.
+#[test]
+fn tls_to_postgres_trusts_the_ca_named_by_sslrootcert_only() {
+    let pki = testkit::pki::Pki::new();
+    let pg = Postgres::start_with_tls(&pki.server_cert, &pki.server_key);
+    let db = database_of(&pg.fresh_database()).to_string();
+    let tcp = pg.tcp_url(&db);
+    let with_ca =
+        |ca: &std::path::Path| format!("{tcp}?sslmode=require&sslrootcert={}", ca.display());
+    let store = open(&with_ca(&pki.ca_cert));
+    store.add_token("t", &token(), 0).unwrap();
+    let tls = pg.sql(
+        &db,
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+         WHERE ssl AND datname = current_database()",
+    );
+    assert_eq!(tls.trim(), "1", "the store's pooled connection is TLS");
+
+    for url in [tcp.clone(), with_ca(&pki.other_ca_cert)] {
+        let err = PostgresBackend::open(&url)
+            .err()
+            .expect("an untrusted server");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot connect to the coordinator store {url}: error performing TLS handshake: invalid peer certificate: UnknownIssuer: trust the CA that signed the server's certificate with ?sslrootcert=FILE (PEM)"
+            )
+        );
+    }
+    let missing = format!("{tcp}?sslrootcert=/nonexistent/ca.pem");
+    let err = PostgresBackend::open(&missing)
+        .err()
+        .expect("a missing CA file");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the coordinator store URL {missing} cannot be used: cannot read sslrootcert /nonexistent/ca.pem (No such file or directory (os error 2)): name the CA's PEM file"
+        )
+    );
 }
 
 /// A database nobody answers for stops `serve` (and an operator command) at once, with one line

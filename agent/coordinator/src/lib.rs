@@ -3,7 +3,8 @@
 //!
 //! API: `Coordinator` (open, tokens, nodes, and the run API in `runs`), `serve` (the port),
 //! `operator` (requests a CLI or hub sends to a serving coordinator), `store` (the store
-//! and its rules, over a backend: the embedded redb one), `userdata` (the `#cloud-config`).
+//! and its rules, over a backend: the embedded redb one or PostgreSQL, by [`StoreLocation`]),
+//! `userdata` (the `#cloud-config`).
 pub mod http;
 pub mod operator;
 pub mod runs;

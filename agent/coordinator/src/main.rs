@@ -117,13 +117,13 @@ fn run_request(r: &RunArgs) -> Result<RunRequest> {
     })
 }
 
-fn print_status(data: &Place, s: &StatusArgs) -> Result<()> {
+fn print_status(place: &Place, s: &StatusArgs) -> Result<()> {
     let request = operator::Request::Status {
         set: s.set.clone(),
         run: s.run.clone(),
     };
     let rows: Vec<RunView> = loop {
-        let rows: Vec<RunView> = serde_json::from_value(operate(data, request.clone())?)?;
+        let rows: Vec<RunView> = serde_json::from_value(operate(place, request.clone())?)?;
         if !s.poll || rows.iter().all(|r| r.state.is_final()) {
             break rows;
         }

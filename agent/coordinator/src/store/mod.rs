@@ -155,14 +155,16 @@ pub enum StoreError {
     #[error("cannot open the coordinator store {}: {reason}", path.display())]
     Open { path: PathBuf, reason: String },
     /// The database could not be reached or refused the connection; `url` has no password.
-    #[error(
-        "cannot connect to the coordinator store {url}: {reason}: check that PostgreSQL runs there and that the URL's host, user, password and database are right"
-    )]
-    Unreachable { url: String, reason: String },
-    /// `url` (with no password) is not a PostgreSQL URL the driver reads.
-    #[error(
-        "the coordinator store URL {url} is not valid: {reason}: write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]"
-    )]
+    #[error("cannot connect to the coordinator store {url}: {reason}: {hint}")]
+    Unreachable {
+        url: String,
+        reason: String,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// `url` (with no password) cannot be used: the driver cannot read it, or a file it names
+    /// cannot be; `reason` says what to do.
+    #[error("the coordinator store URL {url} cannot be used: {reason}")]
     Url { url: String, reason: String },
     /// The store was written with another schema version, or holds no version at all (it is not
     /// a coordinator store); it is left as it is.

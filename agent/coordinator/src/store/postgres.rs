@@ -138,17 +138,27 @@ impl PostgresBackend {
     /// [`super::Store::open`].
     pub fn open(url: &str) -> StoreResult<PostgresBackend> {
         let location = redact(url);
-        let mut config: postgres::Config =
-            url.parse().map_err(|e: postgres::Error| StoreError::Url {
-                url: location.clone(),
-                reason: one_line(&e),
-            })?;
+        let unusable = |reason: String| StoreError::Url {
+            url: location.clone(),
+            reason,
+        };
+        let (url, root_file) = take_param(url, "sslrootcert");
+        let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
+            unusable(format!(
+                "{}: write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]",
+                one_line(&e)
+            ))
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
+        let roots = match root_file {
+            Some(file) => roots_in(&file).map_err(unusable)?,
+            None => system_roots(),
+        };
         let backend = PostgresBackend {
             config,
-            tls: MakeRustlsConnect::new(tls_config()),
+            tls: MakeRustlsConnect::new(tls_config(roots)),
             location,
             pool: Mutex::new(Pool::default()),
             freed: Condvar::new(),
@@ -166,9 +176,18 @@ impl PostgresBackend {
             true => self.config.connect(postgres::NoTls),
             false => self.config.connect(self.tls.clone()),
         };
-        let client = connected.map_err(|e| StoreError::Unreachable {
-            url: self.location.clone(),
-            reason: one_line(&e),
+        let client = connected.map_err(|e| {
+            let reason = one_line(&e);
+            // The driver's errors have no public kind; its TLS failures all say this first.
+            let hint = match reason.starts_with("error performing TLS handshake") {
+                true => "trust the CA that signed the server's certificate with ?sslrootcert=FILE (PEM)",
+                false => "check that PostgreSQL runs there and that the URL's host, user, password and database are right",
+            };
+            StoreError::Unreachable {
+                url: self.location.clone(),
+                reason,
+                hint,
+            }
         })?;
         Ok(Conn {
             client,
@@ -232,13 +251,66 @@ impl Drop for PostgresBackend {
     }
 }
 
-/// rustls on the ring provider, trusting the system's roots (for `sslmode=require`; a server
-/// without TLS is reached in plain text under the default `prefer`, a unix socket always is).
-fn tls_config() -> rustls::ClientConfig {
+/// `url` without its query parameter `key`, and that parameter's value (the driver refuses
+/// options it does not know, and `sslrootcert` is read here).
+fn take_param(url: &str, key: &str) -> (String, Option<String>) {
+    let Some((head, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|param| match param.split_once('=') {
+            Some((k, v)) if k == key => {
+                value = Some(v.to_string());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    match kept.is_empty() {
+        true => (head.to_string(), value),
+        false => (format!("{head}?{}", kept.join("&")), value),
+    }
+}
+
+fn system_roots() -> rustls::RootCertStore {
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_native_certs::load_native_certs().certs {
         let _ = roots.add(cert);
     }
+    roots
+}
+
+/// The certificates of a PEM file, as the only roots (as libpq's `sslrootcert`).
+fn roots_in(file: &str) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let pem = std::fs::read(file)
+        .map_err(|e| format!("cannot read sslrootcert {file} ({e}): name the CA's PEM file"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let added = cert
+            .map_err(|e| e.to_string())
+            .and_then(|cert| roots.add(cert).map_err(|e| e.to_string()));
+        if let Err(e) = added {
+            return Err(format!(
+                "sslrootcert {file} holds a certificate that cannot be used ({e}): name the CA's PEM file"
+            ));
+        }
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "sslrootcert {file} holds no PEM certificate: name the CA's PEM file"
+        ));
+    }
+    Ok(roots)
+}
+
+/// rustls on the ring provider, trusting `roots` (the system's, or `sslrootcert`'s); rustls
+/// always checks the server's certificate and name. A server without TLS is reached in plain
+/// text under the default `sslmode=prefer` (`require` refuses it); a unix socket always is.
+fn tls_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
     rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
@@ -613,5 +685,29 @@ mod tests {
             "postgres://fleet@db/fleet"
         );
         assert_eq!(redact("postgres://db"), "postgres://db");
+    }
+
+    #[test]
+    fn sslrootcert_is_taken_out_of_the_url() {
+        use super::take_param;
+        let url = "postgres://u@db/fleet?sslmode=require&sslrootcert=/etc/ca.pem&connect_timeout=5";
+        assert_eq!(
+            take_param(url, "sslrootcert"),
+            (
+                "postgres://u@db/fleet?sslmode=require&connect_timeout=5".to_string(),
+                Some("/etc/ca.pem".to_string())
+            )
+        );
+        assert_eq!(
+            take_param("postgres://u@db/fleet?sslrootcert=ca.pem", "sslrootcert"),
+            (
+                "postgres://u@db/fleet".to_string(),
+                Some("ca.pem".to_string())
+            )
+        );
+        assert_eq!(
+            take_param("postgres://u@db/fleet", "sslrootcert"),
+            ("postgres://u@db/fleet".to_string(), None)
+        );
     }
 }
