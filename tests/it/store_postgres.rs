@@ -85,6 +85,89 @@ fn a_token_raced_from_two_stores_is_spent_once() {
     assert_eq!(nodes.trim(), ROUNDS.to_string(), "one node per token");
 }
 
+/// Many nodes' runs finishing at once all land, though every finish reads and extends the one
+/// retention order (serialization conflicts, tried again): 16 threads, the pool's size, each
+/// finishing its node's runs one transaction at a time; the retention then holds exactly its
+/// newest `KEEP` final runs and no run is left active.
+#[test]
+fn runs_finished_by_many_nodes_at_once_all_land() {
+    use fleet_coordinator::store::{NodeEvent, RunRow};
+    use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+    const NODES: usize = 16;
+    const RUNS: usize = 25;
+    const KEEP: u64 = 100;
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let store =
+        Arc::new(Store::open(Box::new(PostgresBackend::open(&url).unwrap()), KEEP).unwrap());
+    let digest = fleet_proto::Digest::of_reader(&b"p"[..]).unwrap();
+    let mut runs = Vec::new();
+    for n in 0..NODES {
+        let (hash, node) = (format!("t{n}"), format!("n{n}"));
+        store.add_token(&hash, &token(), 0).unwrap();
+        store
+            .redeem(&hash, &format!("ed25519:{n}"), &node, 1, 10)
+            .unwrap();
+        runs.extend((0..RUNS).map(|r| RunRow {
+            id: format!("r{n}-{r}"),
+            set_id: "s".into(),
+            node_id: node.clone(),
+            state: RunState::Waiting,
+            workload: Workload::Program(digest.clone()),
+            options: RunOptions::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            accepted: false,
+            report: None,
+            error: None,
+            events: Vec::new(),
+            raw_command: None,
+        }));
+    }
+    store
+        .create_set("s", &[(&digest.to_string(), b"p")], &runs)
+        .unwrap();
+    let barrier = Arc::new(Barrier::new(NODES));
+    let nodes: Vec<_> = (0..NODES)
+        .map(|n| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                for r in 0..RUNS {
+                    let finished = NodeEvent::Known(Event {
+                        id: r as u64 + 1,
+                        run_id: format!("r{n}-{r}"),
+                        state: RunState::Finished,
+                        report: RunReport::default(),
+                        at_unix_ms: 5,
+                    });
+                    store
+                        .apply_events(&format!("n{n}"), &[finished])
+                        .unwrap_or_else(|e| panic!("node {n}, run {r}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for node in nodes {
+        node.join().unwrap();
+    }
+    assert!(store.active_runs().unwrap().is_empty());
+    assert_eq!(store.read(|tx| tx.final_count()).unwrap(), KEEP);
+    let db = database_of(&url);
+    assert_eq!(
+        pg.sql(db, "SELECT count(*) FROM runs").trim(),
+        KEEP.to_string()
+    );
+    assert_eq!(
+        pg.sql(db, "SELECT cardinality(run_ids) FROM sets").trim(),
+        KEEP.to_string()
+    );
+    assert_eq!(
+        pg.sql(db, "SELECT refs FROM program_refs").trim(),
+        KEEP.to_string()
+    );
+}
+
 /// Coordinators starting together on a blank database lay it out once, and all open it.
 #[test]
 fn stores_opened_at_once_on_a_blank_database_lay_it_out_once() {

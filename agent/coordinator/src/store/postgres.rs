@@ -43,7 +43,7 @@ const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
 const MIGRATION_LOCK: i64 = 0x666c_6565_7473_746f; // "fleetsto"
 
 /// A write closure is run at most this many times when it keeps meeting conflicts.
-const WRITE_TRIES: u32 = 10;
+const WRITE_TRIES: u32 = 30;
 
 /// At most this many connections per coordinator.
 const POOL_SIZE: usize = 16;
@@ -395,7 +395,7 @@ impl Backend for PostgresBackend {
             for attempt in 0..WRITE_TRIES {
                 if attempt > 0 {
                     // Back off a little, randomly, so the transactions that met stop meeting.
-                    let ms = rand::random::<u64>() % (1 << attempt.min(6));
+                    let ms = rand::random::<u64>() % (1 << attempt.min(7)).min(100);
                     std::thread::sleep(Duration::from_millis(ms));
                 }
                 self.begin(conn, "BEGIN ISOLATION LEVEL SERIALIZABLE")?;
