@@ -2,6 +2,7 @@
 pub mod agent;
 pub mod oci;
 pub mod pki;
+pub mod postgres;
 pub mod registry;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

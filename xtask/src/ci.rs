@@ -13,6 +13,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "curl",
     "hyperfine",
     "faketime",
+    // The coordinator's shared store: throwaway clusters made with initdb and pg_ctl.
+    "postgresql",
 ];
 
 /// PyPI packages the tests use, as (import name, package name).

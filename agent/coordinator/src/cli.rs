@@ -16,6 +16,10 @@ pub struct Cli {
     /// The coordinator's data folder: key and store
     #[arg(long, default_value = coordinator::DEFAULT_DATA, global = true)]
     pub data: PathBuf,
+    /// Keep the records in this PostgreSQL database (postgres://USER[:PASSWORD]@HOST[:PORT]/DB)
+    /// instead of the embedded store in the data folder; the key stays in the data folder
+    #[arg(long, global = true, value_name = "URL")]
+    pub store: Option<String>,
     /// Log as human-readable lines or as one JSON object per line
     #[arg(long, value_enum, default_value = "human", global = true)]
     pub log_format: LogFormat,

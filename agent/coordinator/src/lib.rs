@@ -3,7 +3,8 @@
 //!
 //! API: `Coordinator` (open, tokens, nodes, and the run API in `runs`), `serve` (the port),
 //! `operator` (requests a CLI or hub sends to a serving coordinator), `store` (the store
-//! and its rules, over a backend: the embedded redb one), `userdata` (the `#cloud-config`).
+//! and its rules, over a backend: the embedded redb one or PostgreSQL, by [`StoreLocation`]),
+//! `userdata` (the `#cloud-config`).
 pub mod http;
 pub mod operator;
 pub mod runs;
@@ -24,7 +25,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use store::{
-    KEEP_FINAL_RUNS, NodeRecord, RedbBackend, Store, StoreError, StoreResult, TokenRecord,
+    Backend, KEEP_FINAL_RUNS, NodeRecord, PostgresBackend, RedbBackend, Store, StoreError,
+    StoreResult, TokenRecord,
 };
 
 pub const DEFAULT_DATA: &str = "/var/lib/octomy-coordinator";
@@ -49,11 +51,43 @@ pub enum CoordinatorError {
     NoAddress,
     #[error("{0}")]
     Request(String),
+    #[error(
+        "--store takes a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, not `{0}`; leave it out for the embedded store in the data directory"
+    )]
+    StoreChoice(String),
     #[error("cannot read the bundle {}: {cause}: build it with `cargo xtask dist`", path.display())]
     Bundle {
         path: PathBuf,
         cause: std::io::Error,
     },
+}
+
+/// Where the coordinator keeps its records. The key stays in the data directory either way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// The embedded redb file in the data directory ([`STORE_FILE`]).
+    #[default]
+    Embedded,
+    /// A PostgreSQL database, by URL.
+    Postgres(String),
+}
+
+impl StoreLocation {
+    /// `--store`: a `postgres://` or `postgresql://` URL (an error never shows its password).
+    pub fn parse(text: &str) -> Result<StoreLocation, CoordinatorError> {
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Ok(StoreLocation::Postgres(text.to_string()))
+        } else {
+            Err(CoordinatorError::StoreChoice(store::postgres::redact(text)))
+        }
+    }
+
+    fn backend(&self, data: &Path) -> StoreResult<Box<dyn Backend>> {
+        Ok(match self {
+            StoreLocation::Embedded => Box::new(RedbBackend::open(&data.join(STORE_FILE))?),
+            StoreLocation::Postgres(url) => Box::new(PostgresBackend::open(url)?),
+        })
+    }
 }
 
 /// The coordinator's identity and store.
@@ -133,11 +167,12 @@ impl Coordinator {
     /// reading it for a moment) it tries again for up to `patience`.
     pub fn open_patiently(
         data: &Path,
+        store: &StoreLocation,
         patience: std::time::Duration,
     ) -> Result<Coordinator, CoordinatorError> {
         let deadline = std::time::Instant::now() + patience;
         loop {
-            match Coordinator::open(data) {
+            match Coordinator::open(data, store) {
                 Err(CoordinatorError::Store(StoreError::Locked(_)))
                     if std::time::Instant::now() < deadline =>
                 {
@@ -148,16 +183,16 @@ impl Coordinator {
         }
     }
 
-    /// Opens (or creates) the data directory: key (0600) and store.
-    pub fn open(data: &Path) -> Result<Coordinator, CoordinatorError> {
+    /// Opens (or creates) the data directory with its key (0600), and the store (in the data
+    /// directory, or the database named).
+    pub fn open(data: &Path, store: &StoreLocation) -> Result<Coordinator, CoordinatorError> {
         let data_err = |cause| CoordinatorError::DataDir {
             path: data.to_path_buf(),
             cause,
         };
         fsutil::create_private_dir(data).map_err(data_err)?;
         let key = load_or_create_key(&data.join(KEY_FILE))?;
-        let backend = RedbBackend::open(&data.join(STORE_FILE))?;
-        let store = Store::open(Box::new(backend), KEEP_FINAL_RUNS)?;
+        let store = Store::open(store.backend(data)?, KEEP_FINAL_RUNS)?;
         Ok(Coordinator {
             data: data.to_path_buf(),
             store: Arc::new(store),

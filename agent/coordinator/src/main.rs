@@ -6,7 +6,7 @@ use base64::Engine;
 use clap::Parser;
 use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
 use fleet_coordinator::runs::{Collected, RunRequest, RunView, SetView};
-use fleet_coordinator::{self as coordinator, Coordinator, NodeView, TokenRequest};
+use fleet_coordinator::{self as coordinator, Coordinator, NodeView, StoreLocation, TokenRequest};
 use fleet_coordinator::{operator, serve, userdata};
 use fleet_proto::binary;
 use fleet_proto::joinfile::JoinFile;
@@ -19,14 +19,28 @@ fn main() {
     binary::run("fleet-coordinator", cli.log_format, || run_coordinator(cli));
 }
 
+/// The data folder (key, operator socket, embedded store) and where the store is.
+struct Place {
+    data: std::path::PathBuf,
+    store: StoreLocation,
+}
+
 /// How long an operator command or `serve` waits for the other to let go of the store.
 const STORE_PATIENCE: Duration = Duration::from_secs(10);
 
 fn run_coordinator(args: Cli) -> Result<()> {
-    let data = args.data;
+    let store = match &args.store {
+        Some(url) => StoreLocation::parse(url)?,
+        None => StoreLocation::Embedded,
+    };
+    let place = Place {
+        data: args.data,
+        store,
+    };
+    let data = &place.data;
     match args.command {
         Command::Token(t) => {
-            let join = operate(&data, operator::Request::Token(token_request(&t)))?;
+            let join = operate(&place, operator::Request::Token(token_request(&t)))?;
             println!("{}", serde_json::to_string_pretty(&join)?);
         }
         Command::UserData(u) => {
@@ -40,29 +54,29 @@ fn run_coordinator(args: Cli) -> Result<()> {
             })?;
             let mut request = token_request(&u.token);
             request.bundle_sha256 = Some(sum);
-            let join = operate(&data, operator::Request::Token(request))?;
+            let join = operate(&place, operator::Request::Token(request))?;
             let join: JoinFile = serde_json::from_value(join)?;
             print!("{}", userdata::render(&join, &u.arch));
         }
-        Command::Nodes(n) => print_nodes(&n, operate(&data, operator::Request::Nodes)?)?,
-        Command::Serve(s) => serve_coordinator(&data, s)?,
+        Command::Nodes(n) => print_nodes(&n, operate(&place, operator::Request::Nodes)?)?,
+        Command::Serve(s) => serve_coordinator(&place, s)?,
         Command::Run(r) => {
             let set: SetView =
-                serde_json::from_value(operate(&data, operator::Request::Run(run_request(&r)?))?)?;
+                serde_json::from_value(operate(&place, operator::Request::Run(run_request(&r)?))?)?;
             println!("{}", set.set_id);
         }
-        Command::Status(s) => print_status(&data, &s)?,
+        Command::Status(s) => print_status(&place, &s)?,
         Command::Collect(c) => {
             let request = operator::Request::Collect {
                 run: c.run.clone(),
                 path: c.path.clone(),
             };
-            let answer: Collected = serde_json::from_value(operate(&data, request)?)?;
+            let answer: Collected = serde_json::from_value(operate(&place, request)?)?;
             let digest = save_collected(&answer, &c.out)?;
             println!("{digest}");
         }
         Command::Stop(s) => {
-            operate(&data, operator::Request::Stop { run: s.run.clone() })?;
+            operate(&place, operator::Request::Stop { run: s.run.clone() })?;
             println!("stopped {}", s.run);
         }
     }
@@ -103,13 +117,13 @@ fn run_request(r: &RunArgs) -> Result<RunRequest> {
     })
 }
 
-fn print_status(data: &std::path::Path, s: &StatusArgs) -> Result<()> {
+fn print_status(place: &Place, s: &StatusArgs) -> Result<()> {
     let request = operator::Request::Status {
         set: s.set.clone(),
         run: s.run.clone(),
     };
     let rows: Vec<RunView> = loop {
-        let rows: Vec<RunView> = serde_json::from_value(operate(data, request.clone())?)?;
+        let rows: Vec<RunView> = serde_json::from_value(operate(place, request.clone())?)?;
         if !s.poll || rows.iter().all(|r| r.state.is_final()) {
             break rows;
         }
@@ -177,7 +191,8 @@ fn token_request(t: &TokenArgs) -> TokenRequest {
 /// Through the serving coordinator's socket when it runs, else on the store directly. The store
 /// is held only for this one request; a `serve` starting meanwhile waits for it (see
 /// [`STORE_PATIENCE`]), and when `serve` holds it first this command goes through its socket.
-fn operate(data: &std::path::Path, request: operator::Request) -> Result<serde_json::Value> {
+fn operate(place: &Place, request: operator::Request) -> Result<serde_json::Value> {
+    let data = &place.data;
     let deadline = std::time::Instant::now() + STORE_PATIENCE;
     let response = loop {
         match operator::call(data, &request) {
@@ -195,7 +210,7 @@ fn operate(data: &std::path::Path, request: operator::Request) -> Result<serde_j
             }
             None => {}
         }
-        match Coordinator::open(data) {
+        match Coordinator::open(data, &place.store) {
             Ok(coordinator) => {
                 break binary::async_runtime()?.block_on(operator::handle(
                     Arc::new(coordinator),
@@ -249,8 +264,13 @@ fn print_nodes(args: &NodesArgs, nodes: serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-fn serve_coordinator(data: &std::path::Path, args: ServeArgs) -> Result<()> {
-    let coordinator = Arc::new(Coordinator::open_patiently(data, STORE_PATIENCE)?);
+fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
+    let data = &place.data;
+    let coordinator = Arc::new(Coordinator::open_patiently(
+        data,
+        &place.store,
+        STORE_PATIENCE,
+    )?);
     let config = serve::ServeConfig {
         bundles: args.bundles.unwrap_or_else(|| data.join("bundles")),
         heartbeat: args.heartbeat,
@@ -264,7 +284,7 @@ fn serve_coordinator(data: &std::path::Path, args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let local = listener.local_addr()?.to_string();
         let advertise = args.advertise.unwrap_or_else(|| local.clone());
-        tracing::info!(listen = %local, key = %coordinator.public_key_text(), data = %data.display(), "coordinator serving");
+        tracing::info!(listen = %local, key = %coordinator.public_key_text(), data = %data.display(), store = %coordinator.store.location(), "coordinator serving");
         let socket = operator::bind(data).context("cannot open the operator socket")?;
         let socket = tokio::spawn(operator::listen(socket, coordinator.clone(), Some(advertise)));
         println!("listening on {local}");

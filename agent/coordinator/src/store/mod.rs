@@ -8,7 +8,7 @@
 //!   refers to it), expired tokens pruned at the next mint, and the schema version checked at open.
 //! - [`Backend`] with [`ReadTx`] and [`WriteTx`] is what a database provides: typed records read
 //!   and written inside one transaction, and nothing else. [`redb::RedbBackend`] is the embedded
-//!   one; a PostgreSQL one implements the same traits.
+//!   one, [`postgres::PostgresBackend`] the shared one.
 //! - [`conformance`] holds one check per rule, run against any backend; every backend must pass
 //!   all of them (`conformance::run_all`).
 //!
@@ -20,9 +20,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub mod conformance;
+pub mod postgres;
 pub mod redb;
 mod rules;
 
+pub use self::postgres::PostgresBackend;
 pub use redb::RedbBackend;
 
 /// The newest this many final runs are kept by default.
@@ -152,6 +154,18 @@ pub enum StoreError {
     Locked(PathBuf),
     #[error("cannot open the coordinator store {}: {reason}", path.display())]
     Open { path: PathBuf, reason: String },
+    /// The database could not be reached or refused the connection; `url` has no password.
+    #[error("cannot connect to the coordinator store {url}: {reason}: {hint}")]
+    Unreachable {
+        url: String,
+        reason: String,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// `url` (with no password) cannot be used: the driver cannot read it, or a file it names
+    /// cannot be; `reason` says what to do.
+    #[error("the coordinator store URL {url} cannot be used: {reason}")]
+    Url { url: String, reason: String },
     /// The store was written with another schema version, or holds no version at all (it is not
     /// a coordinator store); it is left as it is.
     #[error("{}", schema_message(store, *found, *expected))]

@@ -1,0 +1,713 @@
+//! The shared backend: one PostgreSQL database, one table per record kind, records as JSONB with
+//! the keys that are looked up by (run by node, the final order) as real, indexed columns.
+//!
+//! The driver is the sync `postgres` crate (tokio-postgres under its own small runtime per
+//! connection) over rustls with the ring provider, so nothing of OpenSSL or aws-lc is linked.
+//! Writes run at SERIALIZABLE and are tried again on a serialization failure or a deadlock
+//! (SQLSTATE 40001, 40P01); reads run on one REPEATABLE READ snapshot. Connections are kept in a
+//! small pool. Every call blocks: async code reaches the store through `spawn_blocking`.
+use super::{
+    Backend, Layout, NodeRecord, ReadTx, RunRow, SCHEMA_VERSION, StoreError, StoreResult,
+    TokenRecord, WriteTx,
+};
+use postgres::config::Host;
+use postgres::error::SqlState;
+use postgres::types::{Json, ToSql};
+use postgres::{Client, GenericClient, Row, Statement};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// The schema, one migration per version: version N is reached by applying the first N in order.
+const MIGRATIONS: &[&str] = &[
+    // 1: the records of `SCHEMA_VERSION` 1.
+    "CREATE TABLE meta (key text PRIMARY KEY, value bigint NOT NULL);
+     CREATE TABLE tokens (hash text PRIMARY KEY, record jsonb NOT NULL);
+     CREATE TABLE nodes (id text PRIMARY KEY, record jsonb NOT NULL);
+     CREATE TABLE programs (digest text PRIMARY KEY, bytes bytea NOT NULL);
+     CREATE TABLE program_refs (digest text PRIMARY KEY, refs bigint NOT NULL);
+     CREATE TABLE runs (id text PRIMARY KEY, node_id text NOT NULL, record jsonb NOT NULL);
+     CREATE TABLE sets (id text PRIMARY KEY, run_ids text[] NOT NULL);
+     CREATE TABLE active_runs (run_id text PRIMARY KEY, node_id text NOT NULL);
+     CREATE INDEX active_runs_by_node ON active_runs (node_id);
+     CREATE TABLE final_runs (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id text NOT NULL);",
+];
+
+const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
+
+/// Held (per database) while a store is laid out, so coordinators starting at once take turns.
+const MIGRATION_LOCK: i64 = 0x666c_6565_7473_746f; // "fleetsto"
+
+/// A write closure is run at most this many times when it keeps meeting conflicts.
+const WRITE_TRIES: u32 = 30;
+
+/// At most this many connections per coordinator.
+const POOL_SIZE: usize = 16;
+
+/// How long a connection attempt may take when the URL does not say.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One PostgreSQL database. It holds no rules: see [`super::Store`].
+pub struct PostgresBackend {
+    config: postgres::Config,
+    tls: MakeRustlsConnect,
+    /// The URL with its password hidden.
+    location: String,
+    pool: Mutex<Pool>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Conn>,
+    /// Connections open, idle or in use.
+    open: usize,
+}
+
+/// A connection and the statements prepared on it.
+struct Conn {
+    client: Client,
+    prepared: HashMap<&'static str, Statement>,
+}
+
+/// `url` with the password (in the user part or as a `password=` parameter) replaced by `***`.
+pub fn redact(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let authority = match authority.rsplit_once('@') {
+                Some((user_info, host)) => match user_info.split_once(':') {
+                    Some((user, _)) => format!("{user}:***@{host}"),
+                    None => authority.to_string(),
+                },
+                None => authority.to_string(),
+            };
+            format!("{scheme}://{authority}{path}")
+        }
+        None => head.to_string(),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                _ => param.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+/// One line from a driver error and its causes (the driver says only what it was doing; the
+/// server's detail and hint come on lines of their own).
+fn one_line(e: &postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text.lines().collect::<Vec<_>>().join("; ")
+}
+
+fn fail(e: postgres::Error) -> StoreError {
+    StoreError::Db(one_line(&e))
+}
+
+fn is_conflict(e: &postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(&SqlState::T_R_SERIALIZATION_FAILURE) | Some(&SqlState::T_R_DEADLOCK_DETECTED)
+    )
+}
+
+impl PostgresBackend {
+    /// Connects to the database at `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?...]`),
+    /// once, so an unreachable database is found at start; what it holds is judged by
+    /// [`super::Store::open`].
+    pub fn open(url: &str) -> StoreResult<PostgresBackend> {
+        let location = redact(url);
+        let unusable = |reason: String| StoreError::Url {
+            url: location.clone(),
+            reason,
+        };
+        let (url, root_file) = take_param(url, "sslrootcert");
+        let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
+            unusable(format!(
+                "{}: write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]",
+                one_line(&e)
+            ))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let roots = match root_file {
+            Some(file) => roots_in(&file).map_err(unusable)?,
+            None => system_roots(),
+        };
+        let backend = PostgresBackend {
+            config,
+            tls: MakeRustlsConnect::new(tls_config(roots)),
+            location,
+            pool: Mutex::new(Pool::default()),
+            freed: Condvar::new(),
+        };
+        let first = backend.take()?;
+        backend.give_back(first);
+        Ok(backend)
+    }
+
+    /// A new connection (counted by the caller).
+    fn dial(&self) -> StoreResult<Conn> {
+        // A unix socket has no name to check a certificate against: no TLS there.
+        let local = (self.config.get_hosts().iter()).all(|host| matches!(host, Host::Unix(_)));
+        let connected = match local {
+            true => self.config.connect(postgres::NoTls),
+            false => self.config.connect(self.tls.clone()),
+        };
+        let client = connected.map_err(|e| {
+            let reason = one_line(&e);
+            // The driver's errors have no public kind; its TLS failures all say this first.
+            let hint = match reason.starts_with("error performing TLS handshake") {
+                true => "trust the CA that signed the server's certificate with ?sslrootcert=FILE (PEM)",
+                false => "check that PostgreSQL runs there and that the URL's host, user, password and database are right",
+            };
+            StoreError::Unreachable {
+                url: self.location.clone(),
+                reason,
+                hint,
+            }
+        })?;
+        Ok(Conn {
+            client,
+            prepared: HashMap::new(),
+        })
+    }
+
+    /// An idle connection, a new one while fewer than [`POOL_SIZE`] are open, or the next one
+    /// given back.
+    fn take(&self) -> StoreResult<Conn> {
+        let mut pool = self.pool.lock().expect("pool lock");
+        loop {
+            if let Some(conn) = pool.idle.pop() {
+                if !conn.client.is_closed() {
+                    return Ok(conn);
+                }
+                pool.open -= 1;
+                continue;
+            }
+            if pool.open < POOL_SIZE {
+                pool.open += 1;
+                drop(pool);
+                let dialed = self.dial();
+                if dialed.is_err() {
+                    self.pool.lock().expect("pool lock").open -= 1;
+                    self.freed.notify_one();
+                }
+                return dialed;
+            }
+            pool = self.freed.wait(pool).expect("pool lock");
+        }
+    }
+
+    /// Returns a connection to the pool; a closed one (the server went away) is dropped.
+    fn give_back(&self, conn: Conn) {
+        let mut pool = self.pool.lock().expect("pool lock");
+        if conn.client.is_closed() {
+            pool.open -= 1;
+        } else {
+            pool.idle.push(conn);
+        }
+        self.freed.notify_one();
+    }
+
+    /// Runs `f` on a pooled connection.
+    fn with_conn<T>(&self, f: impl FnOnce(&mut Conn) -> StoreResult<T>) -> StoreResult<T> {
+        let mut conn = self.take()?;
+        let out = f(&mut conn);
+        self.give_back(conn);
+        out
+    }
+}
+
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        // A sync client closes on its own runtime, which cannot start inside an async context
+        // (where the last owner of a serving coordinator's store may let go): close them on a
+        // thread of their own.
+        let idle = std::mem::take(&mut self.pool.get_mut().expect("pool lock").idle);
+        let _ = std::thread::spawn(move || drop(idle)).join();
+    }
+}
+
+/// `url` without its query parameter `key`, and that parameter's value (the driver refuses
+/// options it does not know, and `sslrootcert` is read here).
+fn take_param(url: &str, key: &str) -> (String, Option<String>) {
+    let Some((head, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|param| match param.split_once('=') {
+            Some((k, v)) if k == key => {
+                value = Some(v.to_string());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    match kept.is_empty() {
+        true => (head.to_string(), value),
+        false => (format!("{head}?{}", kept.join("&")), value),
+    }
+}
+
+fn system_roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    roots
+}
+
+/// The certificates of a PEM file, as the only roots (as libpq's `sslrootcert`).
+fn roots_in(file: &str) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let pem = std::fs::read(file)
+        .map_err(|e| format!("cannot read sslrootcert {file} ({e}): name the CA's PEM file"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let added = cert
+            .map_err(|e| e.to_string())
+            .and_then(|cert| roots.add(cert).map_err(|e| e.to_string()));
+        if let Err(e) = added {
+            return Err(format!(
+                "sslrootcert {file} holds a certificate that cannot be used ({e}): name the CA's PEM file"
+            ));
+        }
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "sslrootcert {file} holds no PEM certificate: name the CA's PEM file"
+        ));
+    }
+    Ok(roots)
+}
+
+/// rustls on the ring provider, trusting `roots` (the system's, or `sslrootcert`'s); rustls
+/// always checks the server's certificate and name. A server without TLS is reached in plain
+/// text under the default `sslmode=prefer` (`require` refuses it); a unix socket always is.
+fn tls_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// What the database holds, read through any client or transaction.
+fn layout_of(client: &mut impl GenericClient) -> Result<Layout, postgres::Error> {
+    let row = client.query_one(
+        "SELECT to_regclass('meta') IS NOT NULL,
+                EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema())",
+        &[],
+    )?;
+    let (has_meta, has_tables): (bool, bool) = (row.get(0), row.get(1));
+    if !has_meta {
+        return Ok(if has_tables {
+            Layout::Unversioned
+        } else {
+            Layout::Blank
+        });
+    }
+    let version = client.query_opt("SELECT value FROM meta WHERE key = 'schema_version'", &[])?;
+    Ok(match version {
+        Some(row) => Layout::Version(row.get::<_, i64>(0) as u64),
+        None => Layout::Unversioned,
+    })
+}
+
+fn count(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl Backend for PostgresBackend {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    fn layout(&self) -> StoreResult<Layout> {
+        self.with_conn(|conn| layout_of(&mut conn.client).map_err(fail))
+    }
+
+    /// Applies the migrations up to `version` (those this coordinator knows) and records
+    /// `version`, in one transaction under an advisory lock; when another coordinator laid the
+    /// store out meanwhile, it is left as that one made it.
+    fn create(&self, version: u64) -> StoreResult<()> {
+        self.with_conn(|conn| {
+            let mut tx = conn.client.transaction().map_err(fail)?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .map_err(fail)?;
+            if layout_of(&mut tx).map_err(fail)? != Layout::Blank {
+                return tx.commit().map_err(fail);
+            }
+            for migration in MIGRATIONS.iter().take(version as usize) {
+                tx.batch_execute(migration).map_err(fail)?;
+            }
+            let version = i64::try_from(version)
+                .map_err(|_| StoreError::Refused(format!("schema version {version}")))?;
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', $1)",
+                &[&version],
+            )
+            .map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+    }
+
+    fn read(&self, f: &mut dyn FnMut(&dyn ReadTx) -> StoreResult<()>) -> StoreResult<()> {
+        self.with_conn(|conn| {
+            self.begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+            let done = f(&PgTx::new(conn));
+            let end = conn.client.batch_execute(match done {
+                Ok(()) => "COMMIT",
+                Err(_) => "ROLLBACK",
+            });
+            done.and(end.map_err(fail))
+        })
+    }
+
+    fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()> {
+        self.with_conn(|conn| {
+            for attempt in 0..WRITE_TRIES {
+                if attempt > 0 {
+                    // Back off a little, randomly, so the transactions that met stop meeting.
+                    let ms = rand::random::<u64>() % (1 << attempt.min(7)).min(100);
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                self.begin(conn, "BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+                let mut tx = PgTx::new(conn);
+                let done = f(&mut tx);
+                let conflict = tx.conflict.get();
+                if conflict || done.is_err() {
+                    let _ = conn.client.batch_execute("ROLLBACK");
+                    if conflict {
+                        continue;
+                    }
+                    return done;
+                }
+                // A failed COMMIT ends the transaction too: nothing of it was kept.
+                match conn.client.batch_execute("COMMIT") {
+                    Err(e) if is_conflict(&e) => continue,
+                    committed => return committed.map_err(fail),
+                }
+            }
+            Err(StoreError::Db(format!(
+                "a transaction met conflicting ones {WRITE_TRIES} times in a row; try again"
+            )))
+        })
+    }
+}
+
+impl PostgresBackend {
+    /// Starts a transaction. A pooled connection that the server closed while it was idle (a
+    /// restart) fails here, before anything was done, so it is replaced by a new one, once.
+    fn begin(&self, conn: &mut Conn, begin: &str) -> StoreResult<()> {
+        match conn.client.batch_execute(begin) {
+            Err(_) if conn.client.is_closed() => {
+                *conn = self.dial()?;
+                conn.client.batch_execute(begin).map_err(fail)
+            }
+            begun => begun.map_err(fail),
+        }
+    }
+}
+
+/// One transaction, for reads and writes alike; statements are prepared once per connection.
+struct PgTx<'a> {
+    client: RefCell<&'a mut Client>,
+    prepared: RefCell<&'a mut HashMap<&'static str, Statement>>,
+    /// A statement failed on a serialization conflict: the whole transaction is tried again.
+    conflict: Cell<bool>,
+}
+
+type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
+
+impl<'a> PgTx<'a> {
+    fn new(conn: &'a mut Conn) -> PgTx<'a> {
+        PgTx {
+            client: RefCell::new(&mut conn.client),
+            prepared: RefCell::new(&mut conn.prepared),
+            conflict: Cell::new(false),
+        }
+    }
+
+    fn check<T>(&self, result: Result<T, postgres::Error>) -> StoreResult<T> {
+        result.map_err(|e| {
+            self.conflict.set(self.conflict.get() || is_conflict(&e));
+            fail(e)
+        })
+    }
+
+    fn statement(&self, sql: &'static str) -> StoreResult<Statement> {
+        if let Some(statement) = self.prepared.borrow().get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.check(self.client.borrow_mut().prepare(sql))?;
+        self.prepared.borrow_mut().insert(sql, statement.clone());
+        Ok(statement)
+    }
+
+    fn query(&self, sql: &'static str, params: Params) -> StoreResult<Vec<Row>> {
+        let statement = self.statement(sql)?;
+        self.check(self.client.borrow_mut().query(&statement, params))
+    }
+
+    fn query_opt(&self, sql: &'static str, params: Params) -> StoreResult<Option<Row>> {
+        let statement = self.statement(sql)?;
+        self.check(self.client.borrow_mut().query_opt(&statement, params))
+    }
+
+    fn execute(&self, sql: &'static str, params: Params) -> StoreResult<()> {
+        let statement = self.statement(sql)?;
+        self.check(self.client.borrow_mut().execute(&statement, params))
+            .map(drop)
+    }
+
+    /// The JSON record in the first column of the row under `key`, if there is one.
+    fn record<T: DeserializeOwned>(&self, sql: &'static str, key: &str) -> StoreResult<Option<T>> {
+        match self.query_opt(sql, &[&key])? {
+            Some(row) => decode(&row, 0, key).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned>(row: &Row, column: usize, key: &str) -> StoreResult<T> {
+    row.try_get::<_, Json<T>>(column)
+        .map(|Json(value)| value)
+        .map_err(|_| StoreError::Corrupt(key.to_string()))
+}
+
+fn json<T: Serialize>(value: &T) -> Json<&T> {
+    Json(value)
+}
+
+impl ReadTx for PgTx<'_> {
+    fn token(&self, hash: &str) -> StoreResult<Option<TokenRecord>> {
+        self.record("SELECT record FROM tokens WHERE hash = $1", hash)
+    }
+
+    fn tokens(&self) -> StoreResult<Vec<(String, TokenRecord)>> {
+        let rows = self.query("SELECT hash, record FROM tokens", &[])?;
+        rows.iter()
+            .map(|row| {
+                let hash: String = row.get(0);
+                let token = decode(row, 1, &hash)?;
+                Ok((hash, token))
+            })
+            .collect()
+    }
+
+    fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
+        self.record("SELECT record FROM nodes WHERE id = $1", id)
+    }
+
+    fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+        let rows = self.query("SELECT id, record FROM nodes", &[])?;
+        rows.iter()
+            .map(|row| decode(row, 1, row.get::<_, &str>(0)))
+            .collect()
+    }
+
+    fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>> {
+        let row = self.query_opt("SELECT bytes FROM programs WHERE digest = $1", &[&digest])?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    fn program_refs(&self, digest: &str) -> StoreResult<u64> {
+        let row = self.query_opt(
+            "SELECT refs FROM program_refs WHERE digest = $1",
+            &[&digest],
+        )?;
+        Ok(row.map_or(0, |row| count(row.get(0))))
+    }
+
+    fn run(&self, id: &str) -> StoreResult<Option<RunRow>> {
+        self.record("SELECT record FROM runs WHERE id = $1", id)
+    }
+
+    fn set(&self, id: &str) -> StoreResult<Option<Vec<String>>> {
+        let row = self.query_opt("SELECT run_ids FROM sets WHERE id = $1", &[&id])?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>> {
+        let rows = match node_id {
+            Some(node) => self.query(
+                "SELECT run_id FROM active_runs WHERE node_id = $1",
+                &[&node],
+            )?,
+            None => self.query("SELECT run_id FROM active_runs", &[])?,
+        };
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    fn final_count(&self) -> StoreResult<u64> {
+        let row = self.query_opt("SELECT count(*) FROM final_runs", &[])?;
+        Ok(row.map_or(0, |row| count(row.get(0))))
+    }
+}
+
+impl WriteTx for PgTx<'_> {
+    fn put_token(&mut self, hash: &str, token: &TokenRecord) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO tokens (hash, record) VALUES ($1, $2)
+             ON CONFLICT (hash) DO UPDATE SET record = EXCLUDED.record",
+            &[&hash, &json(token)],
+        )
+    }
+
+    fn remove_token(&mut self, hash: &str) -> StoreResult<()> {
+        self.execute("DELETE FROM tokens WHERE hash = $1", &[&hash])
+    }
+
+    fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO nodes (id, record) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+            &[&node.id, &json(node)],
+        )
+    }
+
+    fn put_program(&mut self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO programs (digest, bytes) VALUES ($1, $2)
+             ON CONFLICT (digest) DO UPDATE SET bytes = EXCLUDED.bytes",
+            &[&digest, &bytes],
+        )
+    }
+
+    fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()> {
+        let refs = i64::try_from(refs)
+            .map_err(|_| StoreError::Refused(format!("{refs} references to {digest}")))?;
+        self.execute(
+            "INSERT INTO program_refs (digest, refs) VALUES ($1, $2)
+             ON CONFLICT (digest) DO UPDATE SET refs = EXCLUDED.refs",
+            &[&digest, &refs],
+        )
+    }
+
+    fn remove_program(&mut self, digest: &str) -> StoreResult<()> {
+        self.execute("DELETE FROM programs WHERE digest = $1", &[&digest])?;
+        self.execute("DELETE FROM program_refs WHERE digest = $1", &[&digest])
+    }
+
+    fn put_run(&mut self, run: &RunRow) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO runs (id, node_id, record) VALUES ($1, $2, $3)
+             ON CONFLICT (id) DO UPDATE SET node_id = EXCLUDED.node_id, record = EXCLUDED.record",
+            &[&run.id, &run.node_id, &json(run)],
+        )
+    }
+
+    fn remove_run(&mut self, id: &str) -> StoreResult<()> {
+        self.execute("DELETE FROM runs WHERE id = $1", &[&id])
+    }
+
+    fn put_set(&mut self, id: &str, run_ids: &[String]) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO sets (id, run_ids) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET run_ids = EXCLUDED.run_ids",
+            &[&id, &run_ids],
+        )
+    }
+
+    fn remove_set(&mut self, id: &str) -> StoreResult<()> {
+        self.execute("DELETE FROM sets WHERE id = $1", &[&id])
+    }
+
+    fn put_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO active_runs (run_id, node_id) VALUES ($1, $2)
+             ON CONFLICT (run_id) DO UPDATE SET node_id = EXCLUDED.node_id",
+            &[&run_id, &node_id],
+        )
+    }
+
+    fn remove_active(&mut self, run_id: &str) -> StoreResult<()> {
+        self.execute("DELETE FROM active_runs WHERE run_id = $1", &[&run_id])
+    }
+
+    fn push_final(&mut self, run_id: &str) -> StoreResult<()> {
+        self.execute("INSERT INTO final_runs (run_id) VALUES ($1)", &[&run_id])
+    }
+
+    fn pop_final(&mut self) -> StoreResult<Option<String>> {
+        let row = self.query_opt(
+            "DELETE FROM final_runs WHERE seq = (SELECT min(seq) FROM final_runs)
+             RETURNING run_id",
+            &[],
+        )?;
+        Ok(row.map(|row| row.get(0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_hidden_in_locations() {
+        assert_eq!(
+            redact("postgres://fleet:s3cr:et@db.example:5432/fleet?sslmode=require"),
+            "postgres://fleet:***@db.example:5432/fleet?sslmode=require"
+        );
+        assert_eq!(
+            redact("postgresql://fleet@%2Frun%2Fpg/fleet?password=s3cret&application_name=x"),
+            "postgresql://fleet@%2Frun%2Fpg/fleet?password=***&application_name=x"
+        );
+        assert_eq!(
+            redact("postgres://fleet@db/fleet"),
+            "postgres://fleet@db/fleet"
+        );
+        assert_eq!(redact("postgres://db"), "postgres://db");
+    }
+
+    #[test]
+    fn sslrootcert_is_taken_out_of_the_url() {
+        use super::take_param;
+        let url = "postgres://u@db/fleet?sslmode=require&sslrootcert=/etc/ca.pem&connect_timeout=5";
+        assert_eq!(
+            take_param(url, "sslrootcert"),
+            (
+                "postgres://u@db/fleet?sslmode=require&connect_timeout=5".to_string(),
+                Some("/etc/ca.pem".to_string())
+            )
+        );
+        assert_eq!(
+            take_param("postgres://u@db/fleet?sslrootcert=ca.pem", "sslrootcert"),
+            (
+                "postgres://u@db/fleet".to_string(),
+                Some("ca.pem".to_string())
+            )
+        );
+        assert_eq!(
+            take_param("postgres://u@db/fleet", "sslrootcert"),
+            ("postgres://u@db/fleet".to_string(), None)
+        );
+    }
+}

@@ -1,0 +1,436 @@
+//! Tests: store_postgres. The coordinator's PostgreSQL store against a real PostgreSQL from
+//! Debian's packages, in a throwaway cluster per test: the whole store conformance suite, tokens
+//! raced from two stores at once, schema versions, an unreachable database, and a fleet served
+//! from it end to end.
+use fleet_coordinator::store::{
+    Backend, KEEP_FINAL_RUNS, PostgresBackend, SCHEMA_VERSION, Store, StoreError, TokenRecord,
+    conformance,
+};
+use serde_json::Value;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+use testkit::agent::{Agent, Coordinator, script};
+use testkit::postgres::Postgres;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn open(url: &str) -> Store {
+    Store::open(
+        Box::new(PostgresBackend::open(url).unwrap()),
+        KEEP_FINAL_RUNS,
+    )
+    .unwrap()
+}
+
+/// An unspent token that never expires.
+fn token() -> TokenRecord {
+    TokenRecord {
+        expires_at_ms: u64::MAX,
+        name: None,
+        labels: Default::default(),
+        spent_by: None,
+    }
+}
+
+fn database_of(url: &str) -> &str {
+    url.rsplit('/').next().unwrap()
+}
+
+/// Every rule, each on a fresh database of one cluster.
+#[test]
+fn the_store_conformance_suite_passes_on_postgres() {
+    let pg = Postgres::start();
+    conformance::run_all(&|| -> Box<dyn Backend> {
+        Box::new(PostgresBackend::open(&pg.fresh_database()).expect("a fresh database opens"))
+    });
+}
+
+/// Two stores (as two coordinators) redeem the same token at the same moment with different
+/// keys, many times over: each time exactly one joins, and the other is refused.
+#[test]
+fn a_token_raced_from_two_stores_is_spent_once() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let stores = [Arc::new(open(&url)), Arc::new(open(&url))];
+    const ROUNDS: usize = 30;
+    for round in 0..ROUNDS {
+        let hash = format!("token-{round}");
+        stores[0].add_token(&hash, &token(), 0).unwrap();
+        let barrier = Arc::new(Barrier::new(2));
+        let racers: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let (store, barrier, hash) = (store.clone(), barrier.clone(), hash.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    store
+                        .redeem(
+                            &hash,
+                            &format!("ed25519:key-{round}-{i}"),
+                            &format!("n-{round}-{i}"),
+                            1,
+                            1_000,
+                        )
+                        .expect("a race ends in an answer, not an error")
+                })
+            })
+            .collect();
+        let answers: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+        let joined: Vec<_> = answers.iter().flatten().collect();
+        assert_eq!(joined.len(), 1, "round {round}: one join, got {answers:?}");
+        assert!(joined[0].first);
+    }
+    let nodes = pg.sql(database_of(&url), "SELECT count(*) FROM nodes");
+    assert_eq!(nodes.trim(), ROUNDS.to_string(), "one node per token");
+}
+
+/// Many nodes' runs finishing at once all land, though every finish reads and extends the one
+/// retention order (serialization conflicts, tried again): 16 threads, the pool's size, each
+/// finishing its node's runs one transaction at a time; the retention then holds exactly its
+/// newest `KEEP` final runs and no run is left active.
+#[test]
+fn runs_finished_by_many_nodes_at_once_all_land() {
+    use fleet_coordinator::store::{NodeEvent, RunRow};
+    use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+    const NODES: usize = 16;
+    const RUNS: usize = 25;
+    const KEEP: u64 = 100;
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let store =
+        Arc::new(Store::open(Box::new(PostgresBackend::open(&url).unwrap()), KEEP).unwrap());
+    let digest = fleet_proto::Digest::of_reader(&b"p"[..]).unwrap();
+    let mut runs = Vec::new();
+    for n in 0..NODES {
+        let (hash, node) = (format!("t{n}"), format!("n{n}"));
+        store.add_token(&hash, &token(), 0).unwrap();
+        store
+            .redeem(&hash, &format!("ed25519:{n}"), &node, 1, 10)
+            .unwrap();
+        runs.extend((0..RUNS).map(|r| RunRow {
+            id: format!("r{n}-{r}"),
+            set_id: "s".into(),
+            node_id: node.clone(),
+            state: RunState::Waiting,
+            workload: Workload::Program(digest.clone()),
+            options: RunOptions::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            accepted: false,
+            report: None,
+            error: None,
+            events: Vec::new(),
+            raw_command: None,
+        }));
+    }
+    store
+        .create_set("s", &[(&digest.to_string(), b"p")], &runs)
+        .unwrap();
+    let barrier = Arc::new(Barrier::new(NODES));
+    let nodes: Vec<_> = (0..NODES)
+        .map(|n| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                for r in 0..RUNS {
+                    let finished = NodeEvent::Known(Event {
+                        id: r as u64 + 1,
+                        run_id: format!("r{n}-{r}"),
+                        state: RunState::Finished,
+                        report: RunReport::default(),
+                        at_unix_ms: 5,
+                    });
+                    store
+                        .apply_events(&format!("n{n}"), &[finished])
+                        .unwrap_or_else(|e| panic!("node {n}, run {r}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for node in nodes {
+        node.join().unwrap();
+    }
+    assert!(store.active_runs().unwrap().is_empty());
+    assert_eq!(store.read(|tx| tx.final_count()).unwrap(), KEEP);
+    let db = database_of(&url);
+    assert_eq!(
+        pg.sql(db, "SELECT count(*) FROM runs").trim(),
+        KEEP.to_string()
+    );
+    assert_eq!(
+        pg.sql(db, "SELECT cardinality(run_ids) FROM sets").trim(),
+        KEEP.to_string()
+    );
+    assert_eq!(
+        pg.sql(db, "SELECT refs FROM program_refs").trim(),
+        KEEP.to_string()
+    );
+}
+
+/// Coordinators starting together on a blank database lay it out once, and all open it.
+#[test]
+fn stores_opened_at_once_on_a_blank_database_lay_it_out_once() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let barrier = Arc::new(Barrier::new(4));
+    let openers: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, barrier) = (url.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let backend = PostgresBackend::open(&url).unwrap();
+                barrier.wait();
+                Store::open(Box::new(backend), KEEP_FINAL_RUNS).map(drop)
+            })
+        })
+        .collect();
+    for opener in openers {
+        opener
+            .join()
+            .unwrap()
+            .expect("every coordinator opens the store");
+    }
+    let version = pg.sql(database_of(&url), "SELECT value FROM meta");
+    assert_eq!(version.trim(), SCHEMA_VERSION.to_string());
+}
+
+/// A store a newer coordinator migrated is refused in one line naming the database (without a
+/// password) and both versions, and left as it is; so is a database of something else.
+#[test]
+fn a_newer_schema_or_a_foreign_database_is_refused_and_left_alone() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let db = database_of(&url).to_string();
+    drop(open(&url));
+    pg.sql(
+        &db,
+        &format!("UPDATE meta SET value = {}", SCHEMA_VERSION + 1),
+    );
+    let err = Store::open(
+        Box::new(PostgresBackend::open(&url).unwrap()),
+        KEEP_FINAL_RUNS,
+    )
+    .err()
+    .expect("a newer schema is refused");
+    conformance::assert_newer_schema_refused(&err.to_string(), &url);
+    assert_eq!(
+        pg.sql(&db, "SELECT value FROM meta").trim(),
+        (SCHEMA_VERSION + 1).to_string(),
+        "left as it was"
+    );
+
+    let foreign = pg.fresh_database();
+    let foreign_db = database_of(&foreign).to_string();
+    pg.sql(&foreign_db, "CREATE TABLE invoices (id int)");
+    let err = Store::open(
+        Box::new(PostgresBackend::open(&foreign).unwrap()),
+        KEEP_FINAL_RUNS,
+    )
+    .err()
+    .expect("a foreign database is refused");
+    assert!(
+        matches!(&err, StoreError::Schema { found: None, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a coordinator store"), "{err}");
+    assert_eq!(
+        pg.sql(
+            &foreign_db,
+            "SELECT string_agg(tablename, ',') FROM pg_tables WHERE schemaname = 'public'"
+        )
+        .trim(),
+        "invoices",
+        "nothing laid out beside its tables"
+    );
+}
+
+/// PostgreSQL restarted between two calls: the pooled connections it cut are replaced, and the
+/// next calls, reads and writes, go through as if nothing happened.
+#[test]
+fn a_store_goes_on_after_postgres_restarts() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let store = Arc::new(open(&url));
+    let token = token();
+    // Several connections in the pool, all of them cut by the restart.
+    let callers: Vec<_> = (0..4)
+        .map(|i| {
+            let (store, token) = (store.clone(), token.clone());
+            std::thread::spawn(move || store.add_token(&format!("before-{i}"), &token, 0))
+        })
+        .collect();
+    for caller in callers {
+        caller.join().unwrap().unwrap();
+    }
+    pg.restart();
+    for i in 0..4 {
+        assert!(
+            store.has_waiting_token(1).unwrap(),
+            "read {i} after the restart"
+        );
+        store
+            .add_token(&format!("after-{i}"), &token, 0)
+            .unwrap_or_else(|e| panic!("write {i} after the restart: {e}"));
+    }
+    let tokens = pg.sql(database_of(&url), "SELECT count(*) FROM tokens");
+    assert_eq!(tokens.trim(), "8");
+}
+
+/// Over TCP with TLS (rustls on ring): `sslmode=require` with the CA named by `sslrootcert`
+/// connects, and the server sees TLS; a certificate no trusted CA signed stops the connection
+/// with one line saying which option names the CA; a CA file that cannot be read is named.
+#[test]
+fn tls_to_postgres_trusts_the_ca_named_by_sslrootcert_only() {
+    let pki = testkit::pki::Pki::new();
+    let pg = Postgres::start_with_tls(&pki.server_cert, &pki.server_key);
+    let db = database_of(&pg.fresh_database()).to_string();
+    let tcp = pg.tcp_url(&db);
+    let with_ca =
+        |ca: &std::path::Path| format!("{tcp}?sslmode=require&sslrootcert={}", ca.display());
+    let store = open(&with_ca(&pki.ca_cert));
+    store.add_token("t", &token(), 0).unwrap();
+    let tls = pg.sql(
+        &db,
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+         WHERE ssl AND datname = current_database()",
+    );
+    assert_eq!(tls.trim(), "1", "the store's pooled connection is TLS");
+
+    for url in [tcp.clone(), with_ca(&pki.other_ca_cert)] {
+        let err = PostgresBackend::open(&url)
+            .err()
+            .expect("an untrusted server");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot connect to the coordinator store {url}: error performing TLS handshake: invalid peer certificate: UnknownIssuer: trust the CA that signed the server's certificate with ?sslrootcert=FILE (PEM)"
+            )
+        );
+    }
+    let missing = format!("{tcp}?sslrootcert=/nonexistent/ca.pem");
+    let err = PostgresBackend::open(&missing)
+        .err()
+        .expect("a missing CA file");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the coordinator store URL {missing} cannot be used: cannot read sslrootcert /nonexistent/ca.pem (No such file or directory (os error 2)): name the CA's PEM file"
+        )
+    );
+}
+
+/// A database nobody answers for stops `serve` (and an operator command) at once, with one line
+/// that names the URL without its password.
+#[test]
+fn an_unreachable_database_is_one_line_without_the_password() {
+    let dir = testkit::tempdir();
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("postgres://fleet:hunter2@127.0.0.1:{port}/fleet");
+    let expected = format!(
+        "fleet-coordinator: cannot connect to the coordinator store postgres://fleet:***@127.0.0.1:{port}/fleet: error connecting to server: Connection refused (os error 111): check that PostgreSQL runs there and that the URL's host, user, password and database are right"
+    );
+    for args in [&["serve", "--listen", "127.0.0.1:0"][..], &["nodes"][..]] {
+        let err = testkit::fails(
+            testkit::cmd("fleet-coordinator")
+                .arg("--data")
+                .arg(dir.path().join("coord"))
+                .args(["--store", &url])
+                .args(args),
+        );
+        assert_eq!(err.trim_end(), expected, "{args:?}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    let err = testkit::fails(
+        testkit::cmd("fleet-coordinator")
+            .arg("--data")
+            .arg(dir.path().join("coord"))
+            .args(["--store", "mysql://fleet:hunter2@db/fleet", "nodes"]),
+    );
+    assert_eq!(
+        err.trim_end(),
+        "fleet-coordinator: --store takes a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, not `mysql://fleet:***@db/fleet`; leave it out for the embedded store in the data directory"
+    );
+}
+
+/// `serve --store postgres://...`: an agent joins, a run finishes, and the records are in the
+/// database (the key in the data folder, no embedded store beside it); with `serve` gone, an
+/// operator command given the same `--store` reads them there.
+#[test]
+fn a_fleet_served_from_postgres_joins_and_finishes_a_run() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let dir = testkit::tempdir();
+    let data = dir.path().join("coord");
+    let mut coord = Coordinator::start(&data, &["--store", &url]);
+    let join = dir.path().join("fleet.json");
+    std::fs::write(&join, coord.token(&["--name", "worker"])).unwrap();
+    let mut agent = Agent::spawn(&dir.path().join("agent.log"), {
+        let mut cmd = testkit::cmd("fleet-agent");
+        cmd.arg("--join-file")
+            .arg(&join)
+            .arg("--state")
+            .arg(dir.path().join("state"))
+            .arg("--run-store")
+            .arg(dir.path().join("runs"))
+            .arg("--cloud-root")
+            .arg(dir.path().join("cloud"))
+            .args([
+                "--accelerator-tool",
+                "/nonexistent/nvidia-smi",
+                "--retry-base",
+                "50ms",
+            ]);
+        cmd
+    });
+    assert!(
+        agent.wait_for("session open", 1, WAIT),
+        "agent: {}\ncoordinator: {}",
+        agent.log_text(),
+        coord.log_text()
+    );
+    let program = script(&dir.path().join("greet.sh"), "echo \"hello $1\"");
+    let set = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--all", "--program"])
+            .arg(&program)
+            .args(["--", "postgres"]),
+    );
+    let set = set.trim();
+    let polled = testkit::ok(
+        coord
+            .command()
+            .args(["status", "--set", set, "--poll", "--json"]),
+    );
+    let row = serde_json::from_str::<Value>(&polled).unwrap()[0].clone();
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(row["outcome"]["exit_code"], 0, "{row:#}");
+
+    let db = database_of(&url);
+    assert_eq!(pg.sql(db, "SELECT count(*) FROM nodes").trim(), "1");
+    assert_eq!(
+        pg.sql(db, "SELECT record->>'state' FROM runs").trim(),
+        "finished"
+    );
+    assert!(
+        data.join(fleet_coordinator::KEY_FILE).exists(),
+        "the key stays in the data folder"
+    );
+    assert!(
+        !data.join(fleet_coordinator::STORE_FILE).exists(),
+        "no embedded store beside the database"
+    );
+
+    agent.kill();
+    coord.kill();
+    let offline = testkit::ok(
+        coord
+            .command()
+            .args(["--store", &url, "status", "--set", set, "--json"]),
+    );
+    let row = serde_json::from_str::<Value>(&offline).unwrap()[0].clone();
+    assert_eq!(row["state"], "finished", "read from the database: {row:#}");
+}
