@@ -395,6 +395,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             let start = Command::Start(StartRun {
                 run_id: run.id,
                 workload: run.workload,
+                registry_auth: None,
                 options: run.options,
             });
             self.send(op, start).await?;

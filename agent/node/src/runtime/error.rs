@@ -27,7 +27,7 @@ pub enum RuntimeError {
         limit: u64,
     },
     /// The runtime holds no run with this id.
-    #[error("run {run_id} is not known to the run store")]
+    #[error("run {run_id} is not known to this node's runtimes; check the run id")]
     UnknownRun { run_id: String },
     /// A collect path that would leave the run's folder.
     #[error("run {run_id}: collect path {path} leaves the run folder; name a file inside it")]

@@ -5,12 +5,16 @@
 //! HTTP call to a daemon). Async callers wrap calls in `tokio::task::spawn_blocking`, so the agent's
 //! loop never stalls on a slow disk, and runtimes stay free of any async runtime.
 
+pub mod docker;
 mod error;
 mod process;
 mod watch;
 
+pub use docker::DockerRuntime;
 pub use error::RuntimeError;
-pub use fleet_proto::run::{Outcome, Resources, RunReport, RunState, Workload};
+pub use fleet_proto::run::{
+    Gpus, ImageRef, Outcome, RegistryAuth, Resources, RunReport, RunState, Workload,
+};
 pub use process::{DEFAULT_ROOT, ProcessRuntime, SUPERVISOR_NAME};
 pub use watch::{SyncReport, sync_runs};
 
@@ -36,6 +40,8 @@ pub struct RunSpec {
     pub inputs: Vec<(String, PathBuf)>,
     /// Limits and devices; a runtime refuses what it cannot enforce.
     pub resources: Resources,
+    /// The credential for pulling an image, held only for this start.
+    pub registry_auth: Option<RegistryAuth>,
 }
 
 impl RunSpec {
@@ -51,6 +57,7 @@ impl RunSpec {
             env: Vec::new(),
             inputs: Vec::new(),
             resources: Resources::default(),
+            registry_auth: None,
         }
     }
 }

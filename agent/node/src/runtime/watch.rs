@@ -32,7 +32,7 @@ pub fn sync_runs(store: &Store, runtime: &dyn Runtime) -> Result<SyncReport, Sta
             Err(RuntimeError::UnknownRun { .. }) if record.state == RunState::Starting => continue,
             Err(RuntimeError::UnknownRun { .. }) => (
                 RunState::Lost,
-                RunReport::error("the run store no longer holds this run"),
+                RunReport::error("the runtime no longer holds this run"),
             ),
             Err(e) => {
                 report.errors.push(e);
