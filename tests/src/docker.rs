@@ -28,11 +28,13 @@ pub fn busybox_root(dir: &Path) -> PathBuf {
 }
 
 /// Builds the busybox image (entrypoint `/bin/sh`), pushes it to `registry` as `REPO:v1`
-/// (with `creds` when the registry needs them) and returns `HOST/REPO@sha256:HEX`.
-pub fn busybox_image(registry: &Registry, repo: &str, creds: Option<&str>) -> String {
+/// (with `creds` when the registry needs them) and returns `HOST/REPO@sha256:HEX`. The image
+/// holds `/id` with `id`, so tests that must see a first pull use an id of their own.
+pub fn busybox_image(registry: &Registry, repo: &str, creds: Option<&str>, id: &str) -> String {
     let dir = crate::tempdir();
     let layout = dir.path().join("layout");
     let root = busybox_root(dir.path());
+    std::fs::write(root.join("id"), id).unwrap();
     crate::ok(
         crate::cmd("oci")
             .args(["build", "--layout"])
@@ -64,6 +66,7 @@ pub fn engine_version(rt: &DockerRuntime) -> String {
 pub struct Containers {
     pub agent: String,
     marks: tempfile::TempDir,
+    images: std::cell::RefCell<Vec<String>>,
 }
 
 impl Containers {
@@ -72,9 +75,19 @@ impl Containers {
         let containers = Containers {
             agent: format!("test-{name}-{}", std::process::id()),
             marks: crate::tempdir(),
+            images: Default::default(),
         };
         containers.remove_all();
         containers
+    }
+
+    /// A busybox image of this test's own (a digest no other test has), removed from the
+    /// engine when dropped.
+    pub fn image(&self, registry: &Registry, repo: &str, creds: Option<&str>) -> String {
+        let id = format!("{} {:?}", self.agent, std::time::SystemTime::now());
+        let image = busybox_image(registry, repo, creds, &id);
+        self.images.borrow_mut().push(image.clone());
+        image
     }
 
     /// A runtime on the local engine whose containers carry this label.
@@ -114,6 +127,13 @@ impl Containers {
 impl Drop for Containers {
     fn drop(&mut self) {
         self.remove_all();
+        let images = self.images.borrow();
+        if !images.is_empty() {
+            let _ = Command::new("docker")
+                .args(["rmi", "-f"])
+                .args(images.iter())
+                .output();
+        }
     }
 }
 
