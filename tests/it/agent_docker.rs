@@ -3,6 +3,7 @@
 //! codes and OOM, inputs and argv, adoption by name.
 use fleet_agent::runtime::{Gpus, RegistryAuth, Resources, RunState, Runtime, Started, Workload};
 use std::time::Duration;
+use testkit::agent::{Agent, Coordinator, wait_until};
 use testkit::docker::{Containers, engine_version, remove_named};
 use testkit::registry::{Options, Registry};
 use testkit::runtime_suite::{self as suite, collected, shell, wait_for};
@@ -251,4 +252,225 @@ fn a_stalled_pull_is_abandoned_with_a_clear_line() {
         )
     );
     assert!(containers.names().is_empty());
+}
+
+/// `fleet-coordinator status --set SET --json`'s one row.
+fn row(coord: &Coordinator, set: &str) -> serde_json::Value {
+    let out = testkit::ok(coord.command().args(["status", "--set", set, "--json"]));
+    serde_json::from_str::<serde_json::Value>(&out).unwrap()[0].clone()
+}
+
+fn wait_row(
+    coord: &Coordinator,
+    set: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    let ok = wait_until(Duration::from_secs(60), || {
+        last = row(coord, set);
+        check(&last)
+    });
+    assert!(ok, "row never matched: {last:#}");
+    last
+}
+
+#[test]
+fn an_image_runs_through_the_coordinator_beside_a_program_and_survives_an_agent_sigkill() {
+    let dir = testkit::tempdir();
+    let path = |name: &str| dir.path().join(name);
+    let registry = Registry::start(Options {
+        user: Some(("ci", PASSWORD)),
+        ..Options::default()
+    });
+    let images = Containers::new("e2e-images");
+    engine_version(&images.runtime());
+    let image = images.image(&registry, "e2e/sh", Some(&format!("ci:{PASSWORD}")));
+    let auth = path("auth.json");
+    std::fs::write(
+        &auth,
+        serde_json::json!({"username": "ci", "password": PASSWORD}).to_string(),
+    )
+    .unwrap();
+
+    let coord = Coordinator::start(&path("coord"), &[]);
+    std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
+    let start_agent = |n: usize| {
+        let mut cmd = testkit::cmd("fleet-agent");
+        cmd.arg("--join-file")
+            .arg(path("fleet.json"))
+            .arg("--state")
+            .arg(path("state"))
+            .arg("--run-store")
+            .arg(path("runs"))
+            .arg("--cloud-root")
+            .arg(path("cloud"))
+            .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
+            .args(["--retry-base", "50ms"]);
+        let agent = Agent::spawn(&path(&format!("agent-{n}.log")), cmd);
+        assert!(
+            agent.wait_for("session open", 1, Duration::from_secs(30)),
+            "{}",
+            agent.log_text()
+        );
+        agent
+    };
+    let mut agent = start_agent(1);
+    assert!(
+        agent.log_text().contains("Docker engine reached"),
+        "{}",
+        agent.log_text()
+    );
+    let node_id = coord.nodes()[0]["id"].as_str().unwrap().to_string();
+    let containers = Containers::of_agent(&node_id);
+
+    // A tag is not an identity: refused before anything is recorded.
+    let tagged = format!("{}/e2e/sh:v1", registry.host());
+    assert_eq!(
+        coord.refusal(&["run", "--all", "--image", &tagged]),
+        format!(
+            "fleet-coordinator: image {tagged} is named by a tag, which can move; name it as HOST/REPO@sha256:HEX"
+        )
+    );
+
+    let run = |extra: &[&str], args: &[&str]| {
+        let out = testkit::ok(
+            coord
+                .command()
+                .args(["run", "--all"])
+                .args(extra)
+                .arg("--")
+                .args(args),
+        );
+        out.trim().to_string()
+    };
+    let set = run(
+        &["--image", &image, "--registry-auth", auth.to_str().unwrap()],
+        &["-c", "sleep 4; echo done > out; exit 7"],
+    );
+    // A program on the same node, beside the image.
+    let program = testkit::agent::script(&path("prog.sh"), "echo program");
+    let program_set = run(&["--program", program.to_str().unwrap()], &[]);
+
+    let running = wait_row(&coord, &set, |r| r["state"] == "running");
+    let run_id = running["run_id"].as_str().unwrap().to_string();
+    agent.kill();
+    assert_eq!(containers.names(), [format!("octomy-run-{run_id}")]);
+    let _agent = start_agent(2);
+    let done = wait_row(&coord, &set, |r| r["state"] == "finished");
+    assert_eq!(done["outcome"]["exit_code"], 7, "{done:#}");
+    assert!(done["outcome"]["started_at"].is_string(), "{done:#}");
+    // starting, running, finished: each once, the end reported once after the restart.
+    assert_eq!(done["events"].as_array().unwrap().len(), 3, "{done:#}");
+    let collected = path("out");
+    let digest = testkit::ok(coord.command().args([
+        "collect",
+        "--run",
+        &run_id,
+        "--path",
+        "out",
+        "--out",
+        collected.to_str().unwrap(),
+    ]));
+    assert_eq!(std::fs::read_to_string(&collected).unwrap(), "done\n");
+    assert!(digest.trim().starts_with("sha256:"));
+    let program_row = wait_row(&coord, &program_set, |r| r["state"] == "finished");
+    assert_eq!(program_row["outcome"]["exit_code"], 0, "{program_row:#}");
+
+    // The credential is in no store, state folder, run store or log: only in the file given.
+    let holding: Vec<_> = testkit::agent::files_under(dir.path())
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(p)
+                .is_ok_and(|b| b.windows(PASSWORD.len()).any(|w| w == PASSWORD.as_bytes()))
+        })
+        .collect();
+    assert_eq!(holding, [auth]);
+}
+
+#[test]
+fn without_an_engine_programs_run_and_images_are_refused_in_one_line() {
+    let dir = testkit::tempdir();
+    let path = |name: &str| dir.path().join(name);
+    let coord = Coordinator::start(&path("coord"), &[]);
+    std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
+    let socket = path("no-engine.sock");
+    let mut cmd = testkit::cmd("fleet-agent");
+    cmd.arg("--join-file")
+        .arg(path("fleet.json"))
+        .arg("--state")
+        .arg(path("state"))
+        .arg("--run-store")
+        .arg(path("runs"))
+        .arg("--cloud-root")
+        .arg(path("cloud"))
+        .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
+        .arg("--docker-host")
+        .arg(format!("unix://{}", socket.display()));
+    let agent = Agent::spawn(&path("agent.log"), cmd);
+    assert!(
+        agent.wait_for("session open", 1, Duration::from_secs(30)),
+        "{}",
+        agent.log_text()
+    );
+    let image = format!("127.0.0.1:5000/none/sh@sha256:{}", "7".repeat(64));
+    let set = testkit::ok(coord.command().args(["run", "--all", "--image", &image]));
+    let failed = wait_row(&coord, set.trim(), |r| r["state"] == "failed");
+    let run_id = failed["run_id"].as_str().unwrap();
+    assert_eq!(
+        failed["error"].as_str().unwrap(),
+        format!(
+            "run {run_id}: images need a Docker engine and none answers: reaching the Docker engine at unix://{} failed: the socket {} does not exist; start the engine or pass --docker-host",
+            socket.display(),
+            socket.display()
+        )
+    );
+    let program = testkit::agent::script(&path("prog.sh"), "echo program");
+    let set = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--all", "--program"])
+            .arg(&program),
+    );
+    let done = wait_row(&coord, set.trim(), |r| r["state"] == "finished");
+    assert_eq!(done["outcome"]["exit_code"], 0, "{done:#}");
+}
+
+#[test]
+fn a_registry_credential_needs_a_serving_coordinator_and_an_image() {
+    let dir = testkit::tempdir();
+    let auth = dir.path().join("auth.json");
+    std::fs::write(&auth, r#"{"username": "u", "password": "p"}"#).unwrap();
+    let image = format!("127.0.0.1:5000/none/sh@sha256:{}", "7".repeat(64));
+    let data = dir.path().join("coord");
+    let refusal = |args: &[&str]| {
+        let mut cmd = testkit::cmd("fleet-coordinator");
+        cmd.arg("--data").arg(&data).args(args);
+        testkit::fails(&mut cmd).lines().last().unwrap().to_string()
+    };
+    assert_eq!(
+        refusal(&[
+            "run",
+            "--all",
+            "--image",
+            &image,
+            "--registry-auth",
+            auth.to_str().unwrap()
+        ]),
+        "fleet-coordinator: --registry-auth needs a serving coordinator: the credential is kept only in its memory until the node takes the run, never in the store; start `fleet-coordinator serve` first"
+    );
+    std::fs::write(&auth, "u:p").unwrap();
+    assert_eq!(
+        refusal(&[
+            "run",
+            "--all",
+            "--image",
+            &image,
+            "--registry-auth",
+            auth.to_str().unwrap()
+        ]),
+        format!(
+            "fleet-coordinator: --registry-auth {} is not JSON with a \"username\" and a \"password\"; write it as {{\"username\": \"USER\", \"password\": \"PASS\"}}",
+            auth.display()
+        )
+    );
 }

@@ -81,6 +81,17 @@ impl Containers {
         containers
     }
 
+    /// The containers of an agent that labels them `agent` (a real agent uses its node id).
+    pub fn of_agent(agent: &str) -> Containers {
+        let containers = Containers {
+            agent: agent.to_string(),
+            marks: crate::tempdir(),
+            images: Default::default(),
+        };
+        containers.remove_all();
+        containers
+    }
+
     /// A busybox image of this test's own (a digest no other test has), removed from the
     /// engine when dropped.
     pub fn image(&self, registry: &Registry, repo: &str, creds: Option<&str>) -> String {

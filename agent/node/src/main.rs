@@ -33,6 +33,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn run_agent(args: AgentArgs) -> Result<()> {
+    let docker = args.docker();
     let config = agent::AgentConfig {
         join_file: args.join_file,
         state: args.state,
@@ -46,6 +47,7 @@ fn run_agent(args: AgentArgs) -> Result<()> {
             retry_base: args.retry_base,
         },
         supervisor: args.supervisor,
+        docker,
     };
     runtime()?.block_on(async {
         tokio::select! {

@@ -105,6 +105,7 @@ fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u64) -
         node_id: node_id.into(),
         state: RunState::Waiting,
         workload: Workload::Program(digest(program)),
+        needs_registry_auth: false,
         options: RunOptions::default(),
         created_ms,
         updated_ms: created_ms,

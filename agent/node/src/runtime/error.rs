@@ -16,6 +16,9 @@ pub enum RuntimeError {
         runtime: &'static str,
         hint: &'static str,
     },
+    /// An image was asked for and no Docker engine answers; programs still run.
+    #[error("run {run_id}: images need a Docker engine and none answers: {reason}")]
+    NoEngine { run_id: String, reason: String },
     /// A collected file over the caller's limit; nothing was sent.
     #[error(
         "run {run_id}: {path} is {size} bytes, over the {limit} byte limit; raise --max-bytes or collect a smaller file"
@@ -63,7 +66,9 @@ impl RuntimeError {
             RuntimeError::UnknownRun { .. } => C::UnknownRun,
             RuntimeError::PathEscapes { .. } => C::PathEscapes,
             RuntimeError::NoSpace { .. } => C::NoSpace,
-            RuntimeError::Unsupported { .. } | RuntimeError::TooLarge { .. } => C::Unsupported,
+            RuntimeError::Unsupported { .. }
+            | RuntimeError::NoEngine { .. }
+            | RuntimeError::TooLarge { .. } => C::Unsupported,
             _ => C::Other,
         }
     }

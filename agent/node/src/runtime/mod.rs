@@ -8,6 +8,7 @@
 pub mod docker;
 mod error;
 mod process;
+mod routed;
 mod watch;
 
 pub use docker::DockerRuntime;
@@ -16,6 +17,7 @@ pub use fleet_proto::run::{
     Gpus, ImageRef, Outcome, RegistryAuth, Resources, RunReport, RunState, Workload,
 };
 pub use process::{DEFAULT_ROOT, ProcessRuntime, SUPERVISOR_NAME};
+pub use routed::Routed;
 pub use watch::{SyncReport, sync_runs};
 
 use std::ffi::OsString;

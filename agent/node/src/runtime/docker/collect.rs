@@ -43,7 +43,7 @@ pub(super) fn collect(
     }
     let name = container_name(run_id);
     let full = format!("{RUN_DIR}/{}", parts.join("/"));
-    let size = rt.rt.block_on(async {
+    let size = rt.rt().block_on(async {
         rt.inspect(run_id)
             .await?
             .ok_or_else(|| RuntimeError::UnknownRun {
@@ -93,7 +93,7 @@ pub(super) fn collect(
     let mut download = rt
         .docker
         .download_from_container(&name, Some(DownloadFromContainerOptions { path: full }));
-    rt.rt.spawn(async move {
+    rt.rt().spawn(async move {
         while let Some(chunk) = download.next().await {
             let chunk = chunk.map(|c| c.to_vec()).map_err(|e| describe(&e));
             if tx.send(chunk).is_err() {

@@ -65,7 +65,8 @@ pub fn container_name(run_id: &str) -> String {
 /// Runs images as containers on one Docker engine.
 pub struct DockerRuntime {
     docker: Docker,
-    rt: tokio::runtime::Runtime,
+    /// Taken on drop, which shuts it down without blocking (a drop may happen on async code).
+    rt: Option<tokio::runtime::Runtime>,
     /// Where the stop and timeout markers live.
     marks: PathBuf,
     agent: String,
@@ -124,13 +125,19 @@ impl DockerRuntime {
         };
         Ok(DockerRuntime {
             docker,
-            rt,
+            rt: Some(rt),
             marks: marks.into(),
             agent: agent.to_string(),
             pull_stall: DEFAULT_PULL_STALL,
             engine_version,
             finished: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt
+            .as_ref()
+            .expect("the client's runtime lives until drop")
     }
 
     /// A pull that goes this long without a progress message is abandoned.
@@ -142,13 +149,6 @@ impl DockerRuntime {
     /// The engine's version and API version, as `20.10.24 (API 1.41)`.
     pub fn engine_version(&self) -> &str {
         &self.engine_version
-    }
-
-    /// Whether this runtime holds a container for `run_id` (of this agent).
-    pub fn holds(&self, run_id: &str) -> Result<bool, RuntimeError> {
-        self.rt
-            .block_on(self.inspect(run_id))
-            .map(|found| found.is_some())
     }
 
     fn mark_path(&self, run_id: &str, mark: Mark) -> PathBuf {
@@ -588,6 +588,14 @@ impl DockerRuntime {
     }
 }
 
+impl Drop for DockerRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 impl Runtime for DockerRuntime {
     fn stage(&self, file: &Path) -> Result<fleet_proto::Digest, RuntimeError> {
         Err(RuntimeError::Failed {
@@ -632,11 +640,11 @@ impl Runtime for DockerRuntime {
             };
             argv.push(text.to_string());
         }
-        self.rt.block_on(self.start_async(spec, &image, argv))
+        self.rt().block_on(self.start_async(spec, &image, argv))
     }
 
     fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
-        self.rt.block_on(async {
+        self.rt().block_on(async {
             let info = self
                 .inspect(run_id)
                 .await?
@@ -651,7 +659,7 @@ impl Runtime for DockerRuntime {
     }
 
     fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
-        self.rt.block_on(self.observe(run_id))
+        self.rt().block_on(self.observe(run_id))
     }
 
     fn collect(
@@ -665,7 +673,7 @@ impl Runtime for DockerRuntime {
     }
 
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
-        self.rt.block_on(self.list_async())
+        self.rt().block_on(self.list_async())
     }
 }
 
@@ -705,6 +713,7 @@ fn describe(e: &ApiError) -> String {
     match e {
         ApiError::DockerResponseServerError { message, .. } => message.trim().to_string(),
         ApiError::DockerStreamError { error } => error.trim().to_string(),
+        ApiError::SocketNotFoundError(path) => format!("the socket {path} does not exist"),
         other => other.to_string(),
     }
 }
