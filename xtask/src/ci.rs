@@ -13,6 +13,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "curl",
     "hyperfine",
     "faketime",
+    // The static busybox the Docker tests' images are built from (tests/src/docker.rs); the
+    // engine itself (docker.io) is the machine's, as the tests use it for real.
+    "busybox-static",
 ];
 
 /// PyPI packages the tests use, as (import name, package name).
