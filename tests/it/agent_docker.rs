@@ -474,3 +474,111 @@ fn a_registry_credential_needs_a_serving_coordinator_and_an_image() {
         )
     );
 }
+
+#[test]
+fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep_theirs() {
+    use fleet_agent::runtime::docker::Tidy;
+    let containers = Containers::new("tidy");
+    let rt = containers.runtime().with_tidy(Tidy {
+        every: Duration::ZERO,
+        stray_grace: Duration::from_secs(4),
+        keep_finished: 2,
+    });
+    engine_version(&rt);
+    let registry = Registry::plain();
+    let workload = Workload::Image(containers.image(&registry, "tidy/sh", None));
+    let state = testkit::tempdir();
+    let store = fleet_agent::state::Store::open(state.path()).unwrap();
+    for n in 0..3 {
+        let run = format!("tidy-{n}");
+        store.track_run(&run, &workload).unwrap();
+        rt.start(&shell(&run, &workload, "true")).unwrap();
+        wait_for(&rt, &run, RunState::Finished);
+        // The engine dates containers in whole seconds: one second apart keeps their order.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    fleet_agent::runtime::sync_runs(&store, &rt).unwrap();
+    // Launched, never recorded: what a crash between the create and the record leaves.
+    rt.start(&shell("tidy-stray", &workload, "sleep 30"))
+        .unwrap();
+    let record = |run: &str| store.run(run).ok().flatten().map(|r| r.state);
+    assert_eq!(rt.tidy(&record).unwrap(), ["tidy-0"]);
+    let mut names = containers.names();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "octomy-run-tidy-1",
+            "octomy-run-tidy-2",
+            "octomy-run-tidy-stray"
+        ]
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(rt.tidy(&record).unwrap(), ["tidy-stray"]);
+    let mut names = containers.names();
+    names.sort();
+    assert_eq!(names, ["octomy-run-tidy-1", "octomy-run-tidy-2"]);
+    // The node's record of the removed run stays final; the runtime no longer holds it.
+    assert_eq!(record("tidy-0"), Some(RunState::Finished));
+    assert!(rt.status("tidy-0").is_err());
+}
+
+#[test]
+fn a_remote_engine_over_mutual_tls_runs_and_each_tls_failure_is_one_line() {
+    use fleet_agent::runtime::DockerRuntime;
+    use fleet_agent::runtime::docker::{EngineAddress, TlsFiles};
+    let pki = testkit::pki::Pki::new();
+    let engine = testkit::docker::TlsEngine::start(&pki);
+    let containers = Containers::new("tls");
+    let address =
+        |cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path| EngineAddress {
+            host: Some(engine.host.clone()),
+            tls: Some(TlsFiles {
+                cert: cert.to_path_buf(),
+                key: key.to_path_buf(),
+                ca: ca.to_path_buf(),
+            }),
+        };
+    let rt = containers.runtime_at(&address(&pki.client_cert, &pki.client_key, &pki.ca_cert));
+    engine_version(&rt);
+    let registry = Registry::plain();
+    let workload = Workload::Image(containers.image(&registry, "tls/sh", None));
+    rt.start(&shell("tls-1", &workload, "echo over tls > out"))
+        .unwrap();
+    let done = wait_for(&rt, "tls-1", RunState::Finished);
+    assert_eq!(done.report.outcome.unwrap().exit_code, Some(0));
+    assert_eq!(collected(&rt, "tls-1", "out"), b"over tls\n");
+
+    let refused = |address: EngineAddress| {
+        DockerRuntime::connect(&address, "/nonexistent", "tls")
+            .unwrap_err()
+            .to_string()
+    };
+    let at = format!("reaching the Docker engine at {} failed: ", engine.host);
+    assert_eq!(
+        refused(address(&pki.stranger_cert, &pki.stranger_key, &pki.ca_cert)),
+        format!(
+            "{at}the engine refused this client's certificate; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts; start the engine or pass --docker-host"
+        )
+    );
+    assert_eq!(
+        refused(address(
+            &pki.client_cert,
+            &pki.client_key,
+            &pki.other_ca_cert
+        )),
+        format!(
+            "{at}the engine's certificate is not trusted through --docker-tls-ca; pass the CA that signed it; start the engine or pass --docker-host"
+        )
+    );
+    assert_eq!(
+        refused(EngineAddress {
+            host: Some(engine.host.clone()),
+            tls: None
+        }),
+        format!(
+            "{at}{} needs --docker-tls-cert, --docker-tls-key and --docker-tls-ca",
+            engine.host
+        )
+    );
+}

@@ -167,3 +167,55 @@ pub fn remove_named(prefix: &str) {
             .output();
     }
 }
+
+/// The local engine behind a TLS terminator that requires a client certificate signed by the
+/// PKI's CA (Debian's `stunnel4` in front of the engine's socket, on a loopback port), as a
+/// remote engine on port 2376 would be. Stopped when dropped.
+pub struct TlsEngine {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    pub host: String,
+}
+
+impl TlsEngine {
+    pub fn start(pki: &crate::pki::Pki) -> TlsEngine {
+        let dir = crate::tempdir();
+        let port = crate::registry::free_port();
+        let config = dir.path().join("stunnel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "foreground = yes\npid =\noutput = {log}\n[engine]\naccept = 127.0.0.1:{port}\nconnect = /var/run/docker.sock\ncert = {cert}\nkey = {key}\nCAfile = {ca}\nrequireCert = yes\nverifyChain = yes\n",
+                log = dir.path().join("stunnel.log").display(),
+                cert = pki.server_cert.display(),
+                key = pki.server_key.display(),
+                ca = pki.ca_cert.display(),
+            ),
+        )
+        .unwrap();
+        let child = Command::new("stunnel4")
+            .arg(&config)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("stunnel4 is installed (cargo xtask ci installs it)");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let listening = crate::agent::wait_until(std::time::Duration::from_secs(10), || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        assert!(listening, "stunnel4 did not listen on {addr}");
+        TlsEngine {
+            child,
+            _dir: dir,
+            host: format!("https://{addr}"),
+        }
+    }
+}
+
+impl Drop for TlsEngine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

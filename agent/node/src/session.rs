@@ -366,12 +366,18 @@ impl Session<'_> {
         sent_up_to: &mut u64,
     ) -> Result<(), Ended> {
         let node = self.node.clone();
-        let report =
-            blocking(move || crate::runtime::sync_runs(&node.store, node.runtime.as_ref()))
-                .await
-                .map_err(Ended::Store)?;
+        let (report, tidied) = blocking(move || {
+            let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
+            let record = |run: &str| node.store.run(run).ok().flatten().map(|r| r.state);
+            Ok::<_, crate::state::StateError>((report, node.runtime.tidy(&record)))
+        })
+        .await
+        .map_err(Ended::Store)?;
         for e in report.errors {
             tracing::warn!("cannot read a run's state: {e}");
+        }
+        if let Err(e) = tidied {
+            tracing::warn!("cannot clean up the runtime's leftovers: {e}");
         }
         self.send_events(writer, sent_up_to).await
     }

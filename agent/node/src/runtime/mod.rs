@@ -112,4 +112,13 @@ pub trait Runtime: Send + Sync {
     ) -> Result<Collected, RuntimeError>;
     /// Every run the runtime holds.
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError>;
+    /// Cleans up what the runtime keeps beyond the runs' records, given each run's recorded
+    /// state on the node (`None`: no record); returns the runs whose leftovers it removed. The
+    /// process runtime's store keeps its own retention, so by default nothing is done.
+    fn tidy(
+        &self,
+        _record: &dyn Fn(&str) -> Option<RunState>,
+    ) -> Result<Vec<String>, RuntimeError> {
+        Ok(Vec::new())
+    }
 }

@@ -146,6 +146,22 @@ impl Runtime for Routed {
         }
     }
 
+    fn tidy(
+        &self,
+        record: &dyn Fn(&str) -> Option<super::RunState>,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let mut removed = self.process.tidy(record)?;
+        // Only an engine already reached is tidied: tidying never retries a missing one.
+        let docker = match &*self.docker.lock().expect("not poisoned") {
+            Engine::Ready(docker) => Some(docker.clone()),
+            Engine::Missing { .. } => None,
+        };
+        if let Some(docker) = docker {
+            removed.extend(docker.tidy(record)?);
+        }
+        Ok(removed)
+    }
+
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
         let mut runs = self.process.list()?;
         if let Ok(docker) = self.docker() {

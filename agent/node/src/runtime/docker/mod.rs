@@ -71,6 +71,8 @@ pub struct DockerRuntime {
     marks: PathBuf,
     agent: String,
     pull_stall: Duration,
+    tidy: Tidy,
+    last_tidy: Mutex<Option<std::time::Instant>>,
     engine_version: String,
     /// Final runs never change again: their status is read once.
     finished: Mutex<HashMap<String, RunStatus>>,
@@ -82,6 +84,27 @@ impl std::fmt::Debug for DockerRuntime {
             .field("engine", &self.engine_version)
             .field("agent", &self.agent)
             .finish()
+    }
+}
+
+/// Clean-up of this agent's containers, run from the agent's watch (at most every `every`): a
+/// labelled container whose run no record on the node knows (a crash between the create and the
+/// record) is removed once it is `stray_grace` old; beyond the newest `keep_finished` finished
+/// runs, containers are removed (their records stay on the node and at the coordinator).
+#[derive(Debug, Clone)]
+pub struct Tidy {
+    pub every: Duration,
+    pub stray_grace: Duration,
+    pub keep_finished: usize,
+}
+
+impl Default for Tidy {
+    fn default() -> Tidy {
+        Tidy {
+            every: Duration::from_secs(60),
+            stray_grace: Duration::from_secs(10 * 60),
+            keep_finished: 1000,
+        }
     }
 }
 
@@ -129,6 +152,8 @@ impl DockerRuntime {
             marks: marks.into(),
             agent: agent.to_string(),
             pull_stall: DEFAULT_PULL_STALL,
+            tidy: Tidy::default(),
+            last_tidy: Mutex::new(None),
             engine_version,
             finished: Mutex::new(HashMap::new()),
         })
@@ -143,6 +168,12 @@ impl DockerRuntime {
     /// A pull that goes this long without a progress message is abandoned.
     pub fn with_pull_stall(mut self, stall: Duration) -> DockerRuntime {
         self.pull_stall = stall;
+        self
+    }
+
+    /// How strays and finished containers are cleaned up (see [`Tidy`]).
+    pub fn with_tidy(mut self, tidy: Tidy) -> DockerRuntime {
+        self.tidy = tidy;
         self
     }
 
@@ -555,7 +586,8 @@ impl DockerRuntime {
         Ok((out.end(limit), err.end(limit)))
     }
 
-    async fn list_async(&self) -> Result<Vec<RunStatus>, RuntimeError> {
+    /// This agent's containers, as the engine lists them (no inspect).
+    async fn containers(&self) -> Result<Vec<bollard::models::ContainerSummary>, RuntimeError> {
         let options = ListContainersOptions {
             all: true,
             filters: Some(HashMap::from([(
@@ -564,14 +596,76 @@ impl DockerRuntime {
             )])),
             ..Default::default()
         };
-        let containers = self
-            .docker
+        self.docker
             .list_containers(Some(options))
             .await
             .map_err(|e| RuntimeError::Failed {
                 what: "listing containers".into(),
                 reason: describe(&e),
-            })?;
+            })
+    }
+
+    /// Removes a run's container and everything this runtime kept about it.
+    async fn forget(&self, run_id: &str) -> Result<(), RuntimeError> {
+        match self.remove(&container_name(run_id)).await {
+            Ok(()) => {}
+            Err(e) if status_of(&e) == Some(404) => {}
+            Err(e) => return Err(self.engine_error(run_id, "remove the container", e)),
+        }
+        for mark in [Mark::Stopped, Mark::TimedOut] {
+            let _ = std::fs::remove_file(self.mark_path(run_id, mark));
+        }
+        self.finished.lock().expect("not poisoned").remove(run_id);
+        Ok(())
+    }
+
+    async fn tidy_async(
+        &self,
+        record: &dyn Fn(&str) -> Option<RunState>,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs() as i64;
+        let mut containers = self.containers().await?;
+        // Newest first, so retention keeps the head of the list.
+        containers.sort_by_key(|c| std::cmp::Reverse(c.created.unwrap_or(0)));
+        let mut removed = Vec::new();
+        let mut finished = 0;
+        for c in containers {
+            let Some(run_id) = c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).cloned() else {
+                continue;
+            };
+            let age = Duration::from_secs((now - c.created.unwrap_or(now)).max(0) as u64);
+            let why = match record(&run_id) {
+                None if age >= self.tidy.stray_grace => {
+                    format!(
+                        "no run record on this node knows run {run_id} (a crash between create and record) after {} s",
+                        self.tidy.stray_grace.as_secs()
+                    )
+                }
+                None => continue,
+                Some(state) if state.is_final() => {
+                    finished += 1;
+                    if finished <= self.tidy.keep_finished {
+                        continue;
+                    }
+                    format!(
+                        "only the newest {} finished runs keep their containers",
+                        self.tidy.keep_finished
+                    )
+                }
+                Some(_) => continue,
+            };
+            self.forget(&run_id).await?;
+            tracing::info!(run_id = %run_id, "removed the container {}: {why}", container_name(&run_id));
+            removed.push(run_id);
+        }
+        Ok(removed)
+    }
+
+    async fn list_async(&self) -> Result<Vec<RunStatus>, RuntimeError> {
+        let containers = self.containers().await?;
         let mut runs = Vec::new();
         for c in containers {
             let Some(run_id) = c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)) else {
@@ -674,6 +768,17 @@ impl Runtime for DockerRuntime {
 
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
         self.rt().block_on(self.list_async())
+    }
+
+    fn tidy(&self, record: &dyn Fn(&str) -> Option<RunState>) -> Result<Vec<String>, RuntimeError> {
+        {
+            let mut last = self.last_tidy.lock().expect("not poisoned");
+            if last.is_some_and(|at| at.elapsed() < self.tidy.every) {
+                return Ok(Vec::new());
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        self.rt().block_on(self.tidy_async(record))
     }
 }
 
