@@ -318,10 +318,24 @@ impl Session<'_> {
     ) -> Result<(), Ended> {
         match done {
             Ok((op, answer, run)) => {
-                if let Some(run) = run {
-                    working.starting.remove(&run);
+                let started = answer.is_ok();
+                if let Some(run) = &run {
+                    working.starting.remove(run);
                 }
-                protocol::write_msg(writer, &Up::Result { op, answer }).await?
+                protocol::write_msg(writer, &Up::Result { op, answer }).await?;
+                // A run just launched is looked at once now, so `running` goes out with its
+                // answer instead of at the next heartbeat.
+                if let Some(run) = run.filter(|_| started) {
+                    let node = self.node.clone();
+                    let report = blocking(move || {
+                        crate::runtime::sync_run(&node.store, node.runtime.as_ref(), &run)
+                    })
+                    .await
+                    .map_err(Ended::Store)?;
+                    for e in report.errors {
+                        tracing::warn!("cannot read a run's state: {e}");
+                    }
+                }
             }
             // Its op is not recorded, so the coordinator sends it again in the next session; the
             // run id stays marked starting, so nothing about that run overtakes the redelivery.

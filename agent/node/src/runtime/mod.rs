@@ -18,7 +18,7 @@ pub use fleet_proto::run::{
 };
 pub use process::{DEFAULT_ROOT, ProcessRuntime, SUPERVISOR_NAME};
 pub use routed::Routed;
-pub use watch::{SyncReport, sync_runs};
+pub use watch::{SyncReport, sync_run, sync_runs};
 
 use std::ffi::OsString;
 use std::path::PathBuf;
