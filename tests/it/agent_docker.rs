@@ -483,6 +483,7 @@ fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep
         every: Duration::ZERO,
         stray_grace: Duration::from_secs(4),
         keep_finished: 2,
+        image_delay: Duration::from_secs(3600),
     });
     engine_version(&rt);
     let registry = Registry::plain();
@@ -580,5 +581,52 @@ fn a_remote_engine_over_mutual_tls_runs_and_each_tls_failure_is_one_line() {
             "{at}{} needs --docker-tls-cert, --docker-tls-key and --docker-tls-ca",
             engine.host
         )
+    );
+}
+
+#[test]
+fn an_image_this_agent_pulled_goes_once_no_run_needs_it_after_its_delay() {
+    use fleet_agent::runtime::docker::Tidy;
+    let containers = Containers::new("images");
+    let rt = containers.runtime().with_tidy(Tidy {
+        every: Duration::ZERO,
+        stray_grace: Duration::from_secs(3600),
+        keep_finished: 0,
+        image_delay: Duration::from_secs(4),
+    });
+    engine_version(&rt);
+    let registry = Registry::plain();
+    let image = containers.image(&registry, "images/sh", None);
+    let workload = Workload::Image(image.clone());
+    let present = || {
+        std::process::Command::new("docker")
+            .args(["image", "inspect", &image])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    let state = testkit::tempdir();
+    let store = fleet_agent::state::Store::open(state.path()).unwrap();
+    store.track_run("images-1", &workload).unwrap();
+    rt.start(&shell("images-1", &workload, "true")).unwrap();
+    wait_for(&rt, "images-1", RunState::Finished);
+    fleet_agent::runtime::sync_runs(&store, &rt).unwrap();
+    let record = |run: &str| store.run(run).ok().flatten().map(|r| r.state);
+    // The container goes (retention 0); the image was used too recently to go.
+    assert_eq!(rt.tidy(&record).unwrap(), ["images-1"]);
+    assert!(present());
+    std::thread::sleep(Duration::from_secs(4));
+    rt.tidy(&record).unwrap();
+    assert!(!present(), "{image} is still on the engine");
+    // A run of it again pulls it again.
+    rt.start(&shell("images-2", &workload, "true")).unwrap();
+    assert_eq!(
+        wait_for(&rt, "images-2", RunState::Finished)
+            .report
+            .outcome
+            .unwrap()
+            .exit_code,
+        Some(0)
     );
 }

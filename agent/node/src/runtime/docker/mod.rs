@@ -96,6 +96,9 @@ pub struct Tidy {
     pub every: Duration,
     pub stray_grace: Duration,
     pub keep_finished: usize,
+    /// An image this runtime pulled is removed once no container of this agent uses it and it
+    /// was last started this long ago (an image it found present is never removed).
+    pub image_delay: Duration,
 }
 
 impl Default for Tidy {
@@ -104,6 +107,7 @@ impl Default for Tidy {
             every: Duration::from_secs(60),
             stray_grace: Duration::from_secs(10 * 60),
             keep_finished: 1000,
+            image_delay: Duration::from_secs(60 * 60),
         }
     }
 }
@@ -186,6 +190,26 @@ impl DockerRuntime {
         self.marks.join(format!("{run_id}.{}", mark.file()))
     }
 
+    /// The file recording that this runtime pulled `image`; its time is the image's last start.
+    fn image_mark(&self, image: &str) -> PathBuf {
+        let name = hex::encode(sha2::Sha256::digest(image.as_bytes()));
+        self.marks.join("images").join(name)
+    }
+
+    fn mark_image_used(&self, image: &str, pulled: bool) {
+        let path = self.image_mark(image);
+        if pulled || path.exists() {
+            let written = std::fs::create_dir_all(path.parent().expect("under images/"))
+                .and_then(|()| std::fs::write(&path, image));
+            if let Err(e) = written {
+                tracing::warn!(
+                    "cannot record the use of {image} in {}: {e}",
+                    path.display()
+                );
+            }
+        }
+    }
+
     fn marked(&self, run_id: &str, mark: Mark) -> bool {
         self.mark_path(run_id, mark).exists()
     }
@@ -241,10 +265,10 @@ impl DockerRuntime {
         run_id: &str,
         image: &ImageRef,
         auth: Option<&RegistryAuth>,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<bool, RuntimeError> {
         let reference = image.to_string();
         match self.docker.inspect_image(&reference).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(false),
             Err(e) if status_of(&e) == Some(404) => {}
             Err(e) => return Err(self.engine_error(run_id, "look up the image", e)),
         }
@@ -279,7 +303,7 @@ impl DockerRuntime {
                         image.host
                     )));
                 }
-                Ok(None) => return Ok(()),
+                Ok(None) => return Ok(true),
                 Ok(Some(Ok(_))) => {}
                 Ok(Some(Err(e))) => {
                     let hint = if auth.is_some() {
@@ -371,8 +395,10 @@ impl DockerRuntime {
             if let Some(existing) = self.adopt(run_id).await? {
                 return Ok(existing);
             }
-            self.ensure_image(run_id, image, spec.registry_auth.as_ref())
+            let pulled = self
+                .ensure_image(run_id, image, spec.registry_auth.as_ref())
                 .await?;
+            self.mark_image_used(&image.to_string(), pulled);
             let options = CreateContainerOptions {
                 name: Some(name.clone()),
                 ..Default::default()
@@ -661,7 +687,55 @@ impl DockerRuntime {
             tracing::info!(run_id = %run_id, "removed the container {}: {why}", container_name(&run_id));
             removed.push(run_id);
         }
+        self.tidy_images().await?;
         Ok(removed)
+    }
+
+    /// Removes the images this runtime pulled that none of this agent's containers uses and that
+    /// were last started `image_delay` ago; one in use by anything else stays.
+    async fn tidy_images(&self) -> Result<(), RuntimeError> {
+        let Ok(marks) = std::fs::read_dir(self.marks.join("images")) else {
+            return Ok(());
+        };
+        let in_use: std::collections::HashSet<String> = self
+            .containers()
+            .await?
+            .into_iter()
+            .filter_map(|c| c.image)
+            .collect();
+        for mark in marks.flatten() {
+            let path = mark.path();
+            let Ok(image) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let idle = mark
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .unwrap_or_default();
+            if in_use.contains(&image) || idle < self.tidy.image_delay {
+                continue;
+            }
+            let options = bollard::query_parameters::RemoveImageOptions::default();
+            match self.docker.remove_image(&image, Some(options), None).await {
+                Ok(_) => tracing::info!(
+                    "removed the image {image}: no run of this agent used it for {} s",
+                    idle.as_secs()
+                ),
+                Err(e) if status_of(&e) == Some(404) => {}
+                // Another container (not this agent's) uses it: it stays, and so does the mark.
+                Err(e) if status_of(&e) == Some(409) => continue,
+                Err(e) => {
+                    return Err(RuntimeError::Failed {
+                        what: format!("removing the unused image {image}"),
+                        reason: describe(&e),
+                    });
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        Ok(())
     }
 
     async fn list_async(&self) -> Result<Vec<RunStatus>, RuntimeError> {
