@@ -630,3 +630,45 @@ fn an_image_this_agent_pulled_goes_once_no_run_needs_it_after_its_delay() {
         Some(0)
     );
 }
+
+#[test]
+fn a_timeout_stops_with_the_grace_then_kills_and_observing_never_waits_for_it() {
+    let containers = Containers::new("grace");
+    let rt = containers.runtime();
+    engine_version(&rt);
+    let registry = Registry::plain();
+    let workload = Workload::Image(containers.image(&registry, "grace/sh", None));
+    // Ignores the polite signal: only the kill after the grace ends it.
+    let mut spec = shell("grace-1", &workload, "trap '' TERM; sleep 30");
+    spec.timeout = Some(Duration::from_millis(500));
+    spec.grace = Some(Duration::from_secs(4));
+    rt.start(&spec).unwrap();
+    let begun = std::time::Instant::now();
+    let mut slowest = Duration::ZERO;
+    let done = loop {
+        let asked = std::time::Instant::now();
+        let status = rt.status("grace-1").unwrap();
+        slowest = slowest.max(asked.elapsed());
+        if status.state.is_final() {
+            break status;
+        }
+        assert!(begun.elapsed() < Duration::from_secs(30), "never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let outcome = done.report.outcome.unwrap();
+    assert_eq!(
+        (outcome.exit_code, outcome.timed_out, outcome.stopped),
+        (Some(137), true, false)
+    );
+    // Killed after the grace, not before.
+    assert!(
+        begun.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        begun.elapsed()
+    );
+    // No status call waited out the grace (the agent's watch runs beside its heartbeats).
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a status call took {slowest:?}"
+    );
+}

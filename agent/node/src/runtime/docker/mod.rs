@@ -76,6 +76,8 @@ pub struct DockerRuntime {
     engine_version: String,
     /// Final runs never change again: their status is read once.
     finished: Mutex<HashMap<String, RunStatus>>,
+    /// Runs past their timeout whose stop was asked for by this process.
+    timing_out: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for DockerRuntime {
@@ -160,6 +162,7 @@ impl DockerRuntime {
             last_tidy: Mutex::new(None),
             engine_version,
             finished: Mutex::new(HashMap::new()),
+            timing_out: Mutex::new(Default::default()),
         })
     }
 
@@ -486,23 +489,9 @@ impl DockerRuntime {
         mark: Mark,
     ) -> Result<(), RuntimeError> {
         self.set_mark(run_id, mark)?;
-        let grace = label(info, LABEL_GRACE_MS)
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_GRACE);
-        let options = StopContainerOptions {
-            t: Some(grace.as_secs_f64().ceil() as i32),
-            ..Default::default()
-        };
-        match self
-            .docker
-            .stop_container(&container_name(run_id), Some(options))
+        stop_with_grace(&self.docker, run_id, info)
             .await
-        {
-            // 304: it had already stopped.
-            Ok(()) => Ok(()),
-            Err(e) if status_of(&e) == Some(304) => Ok(()),
-            Err(e) => Err(self.engine_error(run_id, "stop the container", e)),
-        }
+            .map_err(|e| self.engine_error(run_id, "stop the container", e))
     }
 
     /// The run as the engine has it now; a run past its timeout is stopped first.
@@ -513,10 +502,24 @@ impl DockerRuntime {
         let unknown = || RuntimeError::UnknownRun {
             run_id: run_id.to_string(),
         };
-        let mut info = self.inspect(run_id).await?.ok_or_else(unknown)?;
-        if is_running(&info) && past_deadline(&info) {
-            self.end(run_id, &info, Mark::TimedOut).await?;
-            info = self.inspect(run_id).await?.ok_or_else(unknown)?;
+        let info = self.inspect(run_id).await?.ok_or_else(unknown)?;
+        if is_running(&info)
+            && past_deadline(&info)
+            && self
+                .timing_out
+                .lock()
+                .expect("not poisoned")
+                .insert(run_id.to_string())
+        {
+            // The stop waits out the grace in the engine; it runs on this client's own thread,
+            // so whoever observes (the agent's watch, beside its heartbeats) never waits for it.
+            self.set_mark(run_id, Mark::TimedOut)?;
+            let (docker, run, stopping) = (self.docker.clone(), run_id.to_string(), info.clone());
+            self.rt().spawn(async move {
+                if let Err(e) = stop_with_grace(&docker, &run, &stopping).await {
+                    tracing::warn!(run_id = %run, "cannot stop the timed-out container: {}", describe(&e));
+                }
+            });
         }
         let status = self.status_from(run_id, &info).await?;
         if status.state.is_final() {
@@ -642,6 +645,7 @@ impl DockerRuntime {
             let _ = std::fs::remove_file(self.mark_path(run_id, mark));
         }
         self.finished.lock().expect("not poisoned").remove(run_id);
+        self.timing_out.lock().expect("not poisoned").remove(run_id);
         Ok(())
     }
 
@@ -853,6 +857,29 @@ impl Runtime for DockerRuntime {
             *last = Some(std::time::Instant::now());
         }
         self.rt().block_on(self.tidy_async(record))
+    }
+}
+
+/// The engine's stop with the run's grace: SIGTERM, then a kill once the grace is out; returns
+/// once the container has ended. Stopping a stopped container is no error.
+async fn stop_with_grace(
+    docker: &Docker,
+    run_id: &str,
+    info: &ContainerInspectResponse,
+) -> Result<(), ApiError> {
+    let grace = label(info, LABEL_GRACE_MS)
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_GRACE);
+    let options = StopContainerOptions {
+        t: Some(grace.as_secs_f64().ceil() as i32),
+        ..Default::default()
+    };
+    match docker
+        .stop_container(&container_name(run_id), Some(options))
+        .await
+    {
+        Err(e) if status_of(&e) == Some(304) => Ok(()),
+        other => other,
     }
 }
 
