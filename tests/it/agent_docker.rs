@@ -376,6 +376,20 @@ fn an_image_runs_through_the_coordinator_beside_a_program_and_survives_an_agent_
     let program_row = wait_row(&coord, &program_set, |r| r["state"] == "finished");
     assert_eq!(program_row["outcome"]["exit_code"], 0, "{program_row:#}");
 
+    // An operator's stop reaches the container through the node's session.
+    let long = run(
+        &["--image", &image, "--registry-auth", auth.to_str().unwrap()],
+        &["-c", "sleep 60"],
+    );
+    let running = wait_row(&coord, &long, |r| r["state"] == "running");
+    let long_run = running["run_id"].as_str().unwrap();
+    let begun = std::time::Instant::now();
+    let out = testkit::ok(coord.command().args(["stop", "--run", long_run]));
+    assert_eq!(out.trim(), format!("stopped {long_run}"));
+    let stopped = wait_row(&coord, &long, |r| r["state"] == "finished");
+    assert!(begun.elapsed() < Duration::from_secs(20), "{stopped:#}");
+    assert_eq!(stopped["outcome"]["stopped"], true, "{stopped:#}");
+
     // The credential is in no store, state folder, run store or log: only in the file given.
     let holding: Vec<_> = testkit::agent::files_under(dir.path())
         .into_iter()
