@@ -78,6 +78,10 @@ pub fn run() -> Result<()> {
     coordinator.stop();
     // The CLI's containers are not labelled; ours are removed with the machine's by label.
     remove_containers(&["ancestor", &image])?;
+    Command::new("docker")
+        .args(["rmi", "-f", &image])
+        .stdout(Stdio::null())
+        .status()?;
 
     let (or, of, cr, cf) = (
         median(&ours_running),
