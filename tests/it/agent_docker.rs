@@ -586,6 +586,14 @@ fn a_remote_engine_over_mutual_tls_runs_and_each_tls_failure_is_one_line() {
             "{at}the engine's certificate is not trusted through --docker-tls-ca; pass the CA that signed it; start the engine or pass --docker-host"
         )
     );
+    let missing = std::path::Path::new("/nonexistent/cert.pem");
+    assert_eq!(
+        refused(address(missing, &pki.client_key, &pki.ca_cert)),
+        format!(
+            "{at}cannot read --docker-tls-cert {} (No such file or directory (os error 2)); pass an existing PEM file",
+            missing.display()
+        )
+    );
     assert_eq!(
         refused(EngineAddress {
             host: Some(engine.host.clone()),

@@ -130,7 +130,12 @@ fn tls_client(host_port: &str, files: &TlsFiles) -> Result<Docker, String> {
 
 fn tls_config(files: &TlsFiles) -> Result<rustls::ClientConfig, String> {
     let read = |path: &Path, flag: &str| {
-        std::fs::read(path).map_err(|e| format!("cannot read {flag} {}: {e}", path.display()))
+        std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read {flag} {} ({e}); pass an existing PEM file",
+                path.display()
+            )
+        })
     };
     let certs = |path: &Path, flag: &str| -> Result<Vec<_>, String> {
         let pem = read(path, flag)?;
