@@ -473,6 +473,7 @@ mod node_commands {
         Command::Start(StartRun {
             run_id: run_id.into(),
             workload: Workload::Program(program.clone()),
+            registry_auth: None,
             options: RunOptions {
                 argv: vec![Bytes(b"x".to_vec())],
                 timeout_ms: Some(10_000),

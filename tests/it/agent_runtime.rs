@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::runtime_suite::{self as suite, sha256sum, shell, wait_for};
 
 // ---------------------------------------------------------------------------------------------
 // The store under SIGKILL: a writer child process is killed at random points, again and again.
@@ -216,180 +217,6 @@ fn runtime(root: &Path) -> ProcessRuntime {
     ProcessRuntime::new(testkit::bin("fleet-run-supervisor"), root)
 }
 
-/// `sha256:HEX` of a file, by `sha256sum`: an oracle independent of our code.
-fn sha256sum(path: &Path) -> String {
-    let out = testkit::ok(Command::new("sha256sum").arg(path));
-    format!("sha256:{}", out.split_whitespace().next().unwrap())
-}
-
-/// Polls the runtime until the run reaches `state` (or fails the test after 10 s).
-fn wait_for(rt: &dyn Runtime, run: &str, state: RunState) -> fleet_agent::runtime::RunStatus {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = rt.status(run).unwrap();
-        if status.state == state {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run {run} stuck in {}",
-            status.state
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A spec running `/bin/sh -c SCRIPT ARG...` from a workload that is a shell.
-fn shell(run: &str, shell: &Workload, script: &str) -> RunSpec {
-    let mut spec = RunSpec::new(run, shell.clone());
-    spec.argv = vec!["-c".into(), script.into(), "sh".into()];
-    spec.timeout = Some(Duration::from_secs(20));
-    spec
-}
-
-/// The behaviour every runtime must show, whatever runs the work (a supervised process, a
-/// container). A runtime passes by giving a runtime and a workload that is a POSIX shell.
-mod suite {
-    use super::*;
-
-    pub struct Subject<'a> {
-        pub runtime: &'a dyn Runtime,
-        /// A workload whose program is `/bin/sh`.
-        pub shell: Workload,
-        /// The runtime's name in its `Unsupported` errors.
-        pub name: &'static str,
-    }
-
-    /// Started once (a redelivered start launches nothing), any bytes as arguments, a typed
-    /// outcome, a streamed collect with its digest, and the run listed.
-    pub fn starts_once_and_collects(s: &Subject) {
-        use std::os::unix::ffi::OsStringExt;
-        let dir = testkit::tempdir();
-        let marks = dir.path().join("marks");
-        let mut spec = shell(
-            "suite-1",
-            &s.shell,
-            r#"printf %s "$1" > out.bin; echo ran >> "$MARKS"; echo to-stderr >&2; exit 3"#,
-        );
-        spec.argv
-            .push(std::ffi::OsString::from_vec(vec![0xff, b'a', 0xfe]));
-        spec.env = vec![("MARKS".into(), marks.display().to_string())];
-        assert_eq!(s.runtime.start(&spec).unwrap(), Started::New);
-        let done = wait_for(s.runtime, "suite-1", RunState::Finished);
-        let outcome = done.report.outcome.expect("a finished run has an outcome");
-        assert_eq!((outcome.exit_code, outcome.signal), (Some(3), None));
-        assert!(!outcome.timed_out && !outcome.stopped);
-        let stderr = outcome.stderr.expect("stderr is accounted");
-        assert_eq!(
-            (stderr.bytes, stderr.last.0.as_slice()),
-            (10, &b"to-stderr\n"[..])
-        );
-        assert!(outcome.started_at.is_some() && outcome.ended_at.is_some());
-        assert_eq!(s.runtime.start(&spec).unwrap(), Started::Already);
-        assert_eq!(std::fs::read_to_string(&marks).unwrap(), "ran\n");
-
-        let mut collected = Vec::new();
-        let got = s
-            .runtime
-            .collect("suite-1", "out.bin", 1024, &mut collected)
-            .unwrap();
-        assert_eq!(collected, [0xff, b'a', 0xfe]);
-        assert_eq!(got.size, 3);
-        let out = dir.path().join("collected");
-        std::fs::write(&out, &collected).unwrap();
-        assert_eq!(got.digest.to_string(), sha256sum(&out));
-        // Over the caller's limit: refused, and nothing reaches the sink.
-        let mut sink = Vec::new();
-        let err = s
-            .runtime
-            .collect("suite-1", "out.bin", 2, &mut sink)
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "run suite-1: out.bin is 3 bytes, over the 2 byte limit; raise --max-bytes or collect a smaller file"
-        );
-        assert!(sink.is_empty());
-        let listed: Vec<String> = s
-            .runtime
-            .list()
-            .unwrap()
-            .into_iter()
-            .map(|st| st.run_id)
-            .collect();
-        assert!(listed.contains(&"suite-1".to_string()), "{listed:?}");
-    }
-
-    /// A stop ends the run promptly and its outcome says it was stopped; an unknown run is named.
-    pub fn a_stop_ends_the_run_and_says_so(s: &Subject) {
-        let mut spec = shell("suite-long", &s.shell, "sleep 30 & wait");
-        spec.grace = Some(Duration::from_millis(500));
-        s.runtime.start(&spec).unwrap();
-        wait_for(s.runtime, "suite-long", RunState::Running);
-        let begun = Instant::now();
-        s.runtime.stop("suite-long").unwrap();
-        assert!(begun.elapsed() < Duration::from_secs(10));
-        let status = s.runtime.status("suite-long").unwrap();
-        assert!(status.state.is_final(), "{}", status.state);
-        assert!(status.report.outcome.unwrap().stopped);
-        let err = s.runtime.stop("suite-nope").unwrap_err();
-        assert!(
-            matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "suite-nope"),
-            "{err:?}"
-        );
-    }
-
-    /// A timeout ends the run and the outcome says so.
-    pub fn a_timeout_ends_the_run(s: &Subject) {
-        let mut spec = shell("suite-slow", &s.shell, "sleep 30");
-        spec.timeout = Some(Duration::from_millis(300));
-        spec.grace = Some(Duration::from_millis(200));
-        s.runtime.start(&spec).unwrap();
-        let done = wait_for(s.runtime, "suite-slow", RunState::Finished);
-        assert!(done.report.outcome.unwrap().timed_out);
-    }
-
-    /// Collect never leaves the run's folder, and unknown runs are named.
-    pub fn refusals_are_one_line_per_run(s: &Subject) {
-        s.runtime
-            .start(&shell("suite-2", &s.shell, "echo hi > file && ln -s / top"))
-            .unwrap();
-        wait_for(s.runtime, "suite-2", RunState::Finished);
-        for path in ["../suite-1/file", "/etc/passwd", "top/etc/passwd"] {
-            let err = s
-                .runtime
-                .collect("suite-2", path, 1 << 20, &mut Vec::new())
-                .unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                format!(
-                    "run suite-2: collect path {path} leaves the run folder; name a file inside it"
-                )
-            );
-        }
-        assert_eq!(
-            s.runtime.status("suite-nope").unwrap_err().to_string(),
-            "run suite-nope is not known to the run store"
-        );
-        let err = s
-            .runtime
-            .collect("suite-nope", "file", 1 << 20, &mut Vec::new())
-            .unwrap_err();
-        assert!(matches!(&err, RuntimeError::UnknownRun { .. }), "{err:?}");
-    }
-
-    /// What a runtime cannot enforce is refused before anything runs, never ignored.
-    pub fn what_it_cannot_do_is_refused(s: &Subject, unsupported: Resources) {
-        let mut spec = shell("suite-limits", &s.shell, "true");
-        spec.resources = unsupported;
-        let err = s.runtime.start(&spec).unwrap_err();
-        assert!(
-            matches!(&err, RuntimeError::Unsupported { runtime, .. } if *runtime == s.name),
-            "{err:?}"
-        );
-        assert!(s.runtime.status("suite-limits").is_err(), "nothing started");
-    }
-}
-
 #[test]
 fn the_process_runtime_passes_the_runtime_suite() {
     let dir = testkit::tempdir();
@@ -400,17 +227,18 @@ fn the_process_runtime_passes_the_runtime_suite() {
         runtime: &rt,
         shell: Workload::Program(program),
         name: "process",
+        argv_bytes: true,
     };
-    suite::starts_once_and_collects(&subject);
-    suite::a_stop_ends_the_run_and_says_so(&subject);
-    suite::a_timeout_ends_the_run(&subject);
-    suite::refusals_are_one_line_per_run(&subject);
-    suite::what_it_cannot_do_is_refused(
+    let err = suite::run_all(
         &subject,
         Resources {
             memory_bytes: Some(64 << 20),
             ..Resources::default()
         },
+    );
+    assert_eq!(
+        err.to_string(),
+        "run suite-limits: a CPU, memory or GPU request is not supported by the process runtime; the supervisor enforces only the timeout and output limit; run it as an image"
     );
     // An image is a container runtime's workload.
     let image = Workload::Image(format!("127.0.0.1:5000/app@sha256:{}", "a".repeat(64)));

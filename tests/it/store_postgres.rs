@@ -91,8 +91,8 @@ fn a_token_raced_from_two_stores_is_spent_once() {
 /// newest `KEEP` final runs and no run is left active.
 #[test]
 fn runs_finished_by_many_nodes_at_once_all_land() {
-    use fleet_coordinator::store::{NodeEvent, RunRow};
-    use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+    use fleet_coordinator::store::NodeEvent;
+    use fleet_proto::run::{Event, RunReport, RunState};
     const NODES: usize = 16;
     const RUNS: usize = 25;
     const KEEP: u64 = 100;
@@ -108,21 +108,7 @@ fn runs_finished_by_many_nodes_at_once_all_land() {
         store
             .redeem(&hash, &format!("ed25519:{n}"), &node, 1, 10)
             .unwrap();
-        runs.extend((0..RUNS).map(|r| RunRow {
-            id: format!("r{n}-{r}"),
-            set_id: "s".into(),
-            node_id: node.clone(),
-            state: RunState::Waiting,
-            workload: Workload::Program(digest.clone()),
-            options: RunOptions::default(),
-            created_ms: 1,
-            updated_ms: 1,
-            accepted: false,
-            report: None,
-            error: None,
-            events: Vec::new(),
-            raw_command: None,
-        }));
+        runs.extend((0..RUNS).map(|r| conformance::run(&format!("r{n}-{r}"), "s", &node, b"p", 1)));
     }
     store
         .create_set("s", &[(&digest.to_string(), b"p")], &runs)

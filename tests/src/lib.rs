@@ -1,9 +1,11 @@
 //! Small helpers for the workspace tests: where the built binaries are, and running them.
 pub mod agent;
+pub mod docker;
 pub mod oci;
 pub mod pki;
 pub mod postgres;
 pub mod registry;
+pub mod runtime_suite;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -15,6 +15,11 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "faketime",
     // The coordinator's shared store: throwaway clusters made with initdb and pg_ctl.
     "postgresql",
+    // The static busybox the Docker tests' images are built from (tests/src/docker.rs); the
+    // engine itself (docker.io) is the machine's, as the tests use it for real.
+    "busybox-static",
+    // The TLS terminator in front of the engine's socket: a remote engine with mutual TLS.
+    "stunnel4",
 ];
 
 /// PyPI packages the tests use, as (import name, package name).

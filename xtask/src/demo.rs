@@ -1,6 +1,7 @@
 //! `cargo xtask demo`: the main job end to end on the embedded default, on loopback: a
 //! coordinator, a join file, an agent that joins by itself, two runs (one timing out), their
-//! status rows, a collected file with its digest, a reproducible image of a sample folder, and
+//! status rows, a collected file with its digest, a reproducible image of a sample folder, an
+//! image run as a container when a Docker engine is present (skipped, saying so, when not), and
 //! where everything lives.
 use crate::fleet::{self, Coordinator, Proc, script};
 use crate::util;
@@ -122,6 +123,48 @@ pub fn run() -> Result<()> {
         .arg(format!("oci:{}:sample", layout.display()))
         .output()?;
     print!("{}", String::from_utf8_lossy(&inspected.stdout));
+
+    step("10. run an image by digest as a container on the agent's Docker engine");
+    let reached = std::fs::read_to_string(&agent_log)?.contains("Docker engine reached");
+    if !reached || !util::have("docker-registry") || !std::path::Path::new("/bin/busybox").exists()
+    {
+        println!(
+            "   skipped: this step needs a Docker engine the agent reaches (its log says whether it did), docker-registry and busybox-static"
+        );
+    } else {
+        let registry = crate::bench::registry::Registry::start(&work, "registry")?;
+        let image = crate::bench::container::busybox_image(&oci, &work, &registry.host)?;
+        println!("   pushed {image}");
+        let set3 = serve.cli(&[
+            "run",
+            "--all",
+            "--image",
+            &image,
+            "--",
+            "-c",
+            "echo hello from a container > greeting.txt",
+        ])?;
+        print!(
+            "{}",
+            serve.cli(&["status", "--set", set3.trim(), "--poll"])?
+        );
+        let rows: serde_json::Value =
+            serde_json::from_str(&serve.cli(&["status", "--set", set3.trim(), "--json"])?)?;
+        let run = rows[0]["run_id"].as_str().unwrap_or_default().to_string();
+        let out = work.join("container-greeting.txt");
+        let digest = serve.cli(&[
+            "collect",
+            "--run",
+            &run,
+            "--path",
+            "greeting.txt",
+            "--out",
+            &out.to_string_lossy(),
+        ])?;
+        println!("   {} {}", digest.trim(), out.display());
+        print!("   {}", std::fs::read_to_string(&out)?);
+        println!("   the container: octomy-run-{run} (kept with the newest 1 000 finished runs)");
+    }
 
     step("where everything lives");
     for (what, path) in [

@@ -37,7 +37,7 @@ pub enum Command {
     Serve(ServeArgs),
     /// List the nodes: id, state, name, key, facts, last heartbeat
     Nodes(NodesArgs),
-    /// Run a program on one node or all of them; prints the set id
+    /// Run a program or an image on one node or all of them; prints the set id
     Run(RunArgs),
     /// Show a set's rows or one run's
     Status(StatusArgs),
@@ -56,8 +56,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub all: bool,
     /// The program file to stage and run
+    #[arg(long, required_unless_present = "image", conflicts_with = "image")]
+    pub program: Option<PathBuf>,
+    /// An image to run on the node's Docker engine, by digest: HOST/REPO@sha256:HEX
     #[arg(long)]
-    pub program: PathBuf,
+    pub image: Option<String>,
+    /// The registry credential for --image: a JSON file {"username": ..., "password": ...};
+    /// sent only in the node's start command, never stored
+    #[arg(long, requires = "image")]
+    pub registry_auth: Option<PathBuf>,
     /// Stop the run after this long
     #[arg(long, value_parser = duration::parse)]
     pub timeout: Option<Duration>,

@@ -95,7 +95,15 @@ fn run_request(r: &RunArgs) -> Result<RunRequest> {
     Ok(RunRequest {
         node: r.node.clone(),
         all: r.all,
-        program_b64: b64(read(&r.program)?),
+        program_b64: match &r.program {
+            Some(program) => Some(b64(read(program)?)),
+            None => None,
+        },
+        image: r.image.clone(),
+        registry_auth: match &r.registry_auth {
+            Some(file) => Some(registry_auth(file)?),
+            None => None,
+        },
         options: RunOptions {
             argv: r
                 .args
@@ -114,6 +122,19 @@ fn run_request(r: &RunArgs) -> Result<RunRequest> {
         },
         repeat: r.repeat,
         raw_command: r.raw_command.clone(),
+    })
+}
+
+/// Reads `--registry-auth FILE`: `{"username": ..., "password": ...}`. The error names the file,
+/// never its content.
+fn registry_auth(file: &std::path::Path) -> Result<fleet_proto::run::RegistryAuth> {
+    let bytes = std::fs::read(file)
+        .with_context(|| format!("cannot read --registry-auth {}", file.display()))?;
+    serde_json::from_slice(&bytes).map_err(|_| {
+        anyhow::anyhow!(
+            "--registry-auth {} is not JSON with a \"username\" and a \"password\"; write it as {{\"username\": \"USER\", \"password\": \"PASS\"}}",
+            file.display()
+        )
     })
 }
 

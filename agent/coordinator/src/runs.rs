@@ -6,7 +6,7 @@ use base64::Engine;
 use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::protocol::{Answer, Command, Reply};
-use fleet_proto::run::{Outcome, RunOptions, RunState, Workload};
+use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
@@ -23,7 +23,16 @@ pub struct RunRequest {
     pub node: Option<String>,
     #[serde(default)]
     pub all: bool,
-    pub program_b64: String,
+    /// The program to stage and run, as base64; or else `image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program_b64: Option<String>,
+    /// An image to run, `HOST/REPO@sha256:HEX` (never a tag), on the node's Docker engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The credential for pulling `image`. Held only in the serving coordinator's memory until
+    /// the node takes the run, and sent only in the start command: never stored, never logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
     #[serde(flatten)]
     pub options: RunOptions,
     /// Runs per selected node (default 1).
@@ -122,6 +131,10 @@ pub type NodeCall = (Command, oneshot::Sender<Answer>);
 pub struct Live {
     pub changes: watch::Sender<u64>,
     pub sessions: Mutex<HashMap<String, (u64, mpsc::Sender<NodeCall>)>>,
+    /// Set while `serve` runs: only then can a registry credential be held for a run.
+    pub serving: std::sync::atomic::AtomicBool,
+    /// Registry credentials by run id, until the node takes the run; memory only.
+    pub credentials: Mutex<HashMap<String, RegistryAuth>>,
 }
 
 impl Default for Live {
@@ -129,6 +142,8 @@ impl Default for Live {
         Live {
             changes: watch::channel(0).0,
             sessions: Mutex::new(HashMap::new()),
+            serving: Default::default(),
+            credentials: Default::default(),
         }
     }
 }
@@ -148,15 +163,40 @@ fn random_id(prefix: &str) -> String {
 impl Coordinator {
     /// Records a set with one waiting run per selected node, and wakes their sessions.
     pub fn create_runs(&self, request: &RunRequest) -> Result<SetView, CoordinatorError> {
-        let program = B64
-            .decode(&request.program_b64)
-            .map_err(|_| CoordinatorError::Request("the program is not base64".into()))?;
-        let digest = Digest::from_hasher({
-            use sha2::Digest as _;
-            let mut hasher = Sha256::new();
-            hasher.update(&program);
-            hasher
-        });
+        let bad = |m: String| CoordinatorError::Request(m);
+        let (workload, program) = match (&request.program_b64, &request.image) {
+            (Some(program_b64), None) => {
+                let program = B64
+                    .decode(program_b64)
+                    .map_err(|_| bad("the program is not base64".into()))?;
+                let digest = Digest::from_hasher({
+                    use sha2::Digest as _;
+                    let mut hasher = Sha256::new();
+                    hasher.update(&program);
+                    hasher
+                });
+                (Workload::Program(digest), Some(program))
+            }
+            (None, Some(image)) => {
+                let image = ImageRef::parse(image).map_err(bad)?;
+                (Workload::Image(image.to_string()), None)
+            }
+            _ => {
+                return Err(bad(
+                    "pass either --program FILE or --image HOST/REPO@sha256:HEX".into(),
+                ));
+            }
+        };
+        if request.registry_auth.is_some() {
+            if program.is_some() {
+                return Err(bad(
+                    "--registry-auth goes with --image; a program needs none".into(),
+                ));
+            }
+            if !self.live.serving.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(bad("--registry-auth needs a serving coordinator: the credential is kept only in its memory until the node takes the run, never in the store; start `fleet-coordinator serve` first".into()));
+            }
+        }
         let nodes = self.store.nodes()?;
         let selected: Vec<String> = match (&request.node, request.all) {
             (_, true) => nodes.iter().map(|n| n.id.clone()).collect(),
@@ -189,7 +229,8 @@ impl Coordinator {
                 set_id: set_id.clone(),
                 node_id,
                 state: RunState::Waiting,
-                workload: Workload::Program(digest.clone()),
+                workload: workload.clone(),
+                needs_registry_auth: request.registry_auth.is_some(),
                 options: request.options.clone(),
                 created_ms: now,
                 updated_ms: now,
@@ -200,13 +241,32 @@ impl Coordinator {
                 raw_command: request.raw_command.clone(),
             })
             .collect();
-        let digest_text = digest.to_string();
-        self.store
-            .create_set(&set_id, &[(digest_text.as_str(), &program)], &runs)?;
+        let what = match &workload {
+            Workload::Program(digest) => digest.to_string(),
+            Workload::Image(image) => image.clone(),
+        };
+        let programs: Vec<(&str, &[u8])> = program
+            .as_deref()
+            .map(|bytes| (what.as_str(), bytes))
+            .into_iter()
+            .collect();
+        if let Some(auth) = &request.registry_auth {
+            let mut held = self.live.credentials.lock().expect("credentials");
+            for run in &runs {
+                held.insert(run.id.clone(), auth.clone());
+            }
+        }
+        if let Err(e) = self.store.create_set(&set_id, &programs, &runs) {
+            let mut held = self.live.credentials.lock().expect("credentials");
+            for run in &runs {
+                held.remove(&run.id);
+            }
+            return Err(e.into());
+        }
         self.live.poke();
         Ok(SetView {
             set_id,
-            program: digest.to_string(),
+            program: what,
             runs: runs.into_iter().map(|r| r.id).collect(),
         })
     }

@@ -50,6 +50,10 @@ pub async fn serve(
         pin::server_config(&coordinator.key, cert).map_err(std::io::Error::other)?,
     );
     let config = Arc::new(config);
+    coordinator
+        .live
+        .serving
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let sweeper = tokio::spawn(sweep_forever(coordinator.clone(), config.clone()));
     let _stop_sweeper = AbortOnDrop(sweeper);
     tokio::pin!(shutdown);
@@ -381,6 +385,19 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 self.inflight.insert(stage_op.clone(), Pending::Stage);
                 self.send(stage_op, stage).await?;
             }
+            let registry_auth = if run.needs_registry_auth {
+                let held = (self.coordinator.live.credentials.lock())
+                    .expect("credentials")
+                    .get(&run.id)
+                    .cloned();
+                if held.is_none() {
+                    self.fail_without_credential(&run.id).await?;
+                    continue;
+                }
+                held
+            } else {
+                None
+            };
             self.inflight.insert(
                 op.clone(),
                 Pending::Start {
@@ -395,6 +412,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             let start = Command::Start(StartRun {
                 run_id: run.id,
                 workload: run.workload,
+                registry_auth,
                 options: run.options,
             });
             self.send(op, start).await?;
@@ -492,11 +510,37 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             .map_err(|e| e.to_string())
     }
 
+    /// A run whose registry credential is gone (the coordinator restarted before the node took
+    /// it): failed with the reason, since the credential was never stored.
+    async fn fail_without_credential(&mut self, run_id: &str) -> Result<(), String> {
+        let id = run_id.to_string();
+        self.coordinator
+            .with_store(move |store| {
+                store.fail_run(
+                    &id,
+                    fleet_proto::run::RunState::Failed,
+                    "the registry credential was kept only in the coordinator's memory and is gone (it restarted before the node took the run); run it again with --registry-auth",
+                )
+            })
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
     /// Settles an answered operation; start answers are gathered for one transaction.
     fn answered(&mut self, op: &str, answer: Answer, accepted: &mut Vec<(String, Option<String>)>) {
         let error = answer.as_ref().err().map(|r| r.message.clone());
         match self.inflight.remove(op) {
-            Some(Pending::Start { run_id }) => accepted.push((run_id, error)),
+            Some(Pending::Start { run_id }) => {
+                // The node has the run now: its credential is no longer needed anywhere here.
+                self.coordinator
+                    .live
+                    .credentials
+                    .lock()
+                    .expect("credentials")
+                    .remove(&run_id);
+                accepted.push((run_id, error));
+            }
             Some(Pending::Stage) => {
                 if let Some(e) = error {
                     tracing::warn!(node_id = %self.node_id, "staging failed: {e}");

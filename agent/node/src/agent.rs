@@ -5,7 +5,7 @@ use crate::facts::FactsSource;
 use crate::identity::{self, IdentityError, Membership};
 use crate::join::{self, JoinError};
 use crate::node::Node;
-use crate::runtime::ProcessRuntime;
+use crate::runtime::{ProcessRuntime, Routed};
 use crate::session::{self, SessionSettings};
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::joinfile::{self, JoinFile, JoinFileError};
@@ -25,6 +25,8 @@ pub struct AgentConfig {
     pub session: SessionSettings,
     /// The supervisor binary; None means the one shipped beside this executable.
     pub supervisor: Option<PathBuf>,
+    /// The Docker engine images run on (the local socket by default).
+    pub docker: crate::runtime::docker::EngineAddress,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +84,14 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         "Joined"
     );
     // Opened after the join: the join needs none of it, and a fresh machine reports sooner.
-    let node = Arc::new(open_node(&config)?);
+    // Blocking work (the store, the engine's first answer, re-adoption) off the async thread.
+    let node = {
+        let (config, node_id) = (config.clone(), membership.node_id.clone());
+        tokio::task::spawn_blocking(move || open_node(&config, &node_id))
+            .await
+            .expect("opening the node does not panic")?
+    };
+    let node = Arc::new(node);
     Ok(session::run(
         &identity,
         &membership,
@@ -95,13 +104,20 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
 
 /// Opens the node's store and runtime, and re-adopts every run it knows: results missed while
 /// the agent was down are spooled now, a run whose supervisor died is spooled `lost`, once.
-fn open_node(config: &AgentConfig) -> Result<Node, AgentError> {
+fn open_node(config: &AgentConfig, node_id: &str) -> Result<Node, AgentError> {
     let run_store = config.facts.run_store.clone();
-    let runtime = match &config.supervisor {
+    let process = match &config.supervisor {
         Some(path) => ProcessRuntime::new(path, run_store),
         None => ProcessRuntime::beside_current_exe(run_store)?,
     }
     .with_scratch(crate::node::scratch_dir(&config.state));
+    // Containers carry the node's id, so agents sharing an engine keep to their own.
+    let runtime = Routed::new(
+        process,
+        config.docker.clone(),
+        &config.state.join("docker"),
+        node_id,
+    );
     let node = Node::open(&config.state, Arc::new(runtime))?;
     let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
     if !report.events.is_empty() {

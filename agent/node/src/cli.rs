@@ -1,6 +1,7 @@
 //! The `fleet-agent` command line, apart from its handler.
 use clap::Parser;
 use fleet_agent::agent;
+use fleet_agent::runtime::docker::{EngineAddress, TlsFiles};
 use fleet_proto::logging::LogFormat;
 use fleet_proto::{duration, joinfile};
 use std::path::PathBuf;
@@ -41,7 +42,44 @@ pub struct AgentArgs {
     /// The run supervisor (default: fleet-run-supervisor beside this executable)
     #[arg(long)]
     pub supervisor: Option<PathBuf>,
+    /// The Docker engine for images: unix:///PATH, tcp://HOST:PORT or https://HOST:2376
+    /// (default: $DOCKER_HOST, else the local socket)
+    #[arg(long)]
+    pub docker_host: Option<String>,
+    /// The client certificate for a TLS engine (default: $DOCKER_CERT_PATH/cert.pem when
+    /// $DOCKER_TLS_VERIFY is set)
+    #[arg(long, requires_all = ["docker_tls_key", "docker_tls_ca"])]
+    pub docker_tls_cert: Option<PathBuf>,
+    /// The client key for a TLS engine
+    #[arg(long, requires_all = ["docker_tls_cert", "docker_tls_ca"])]
+    pub docker_tls_key: Option<PathBuf>,
+    /// The only CA the engine's certificate is trusted through
+    #[arg(long, requires_all = ["docker_tls_cert", "docker_tls_key"])]
+    pub docker_tls_ca: Option<PathBuf>,
     /// The first wait before a retry; it doubles up to 30 s, with jitter
     #[arg(long, default_value = "250ms", value_parser = duration::parse)]
     pub retry_base: Duration,
+}
+
+impl AgentArgs {
+    /// The engine from the flags, else Docker's environment variables.
+    pub fn docker(&self) -> EngineAddress {
+        let env = EngineAddress::from_env();
+        let tls = match (
+            &self.docker_tls_cert,
+            &self.docker_tls_key,
+            &self.docker_tls_ca,
+        ) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            _ => env.tls,
+        };
+        EngineAddress {
+            host: self.docker_host.clone().or(env.host),
+            tls,
+        }
+    }
 }

@@ -15,6 +15,7 @@ fn main() {
 }
 
 fn run_agent(args: AgentArgs) -> Result<()> {
+    let docker = args.docker();
     let config = agent::AgentConfig {
         join_file: args.join_file,
         state: args.state,
@@ -28,6 +29,7 @@ fn run_agent(args: AgentArgs) -> Result<()> {
             retry_base: args.retry_base,
         },
         supervisor: args.supervisor,
+        docker,
     };
     binary::async_runtime()?.block_on(async {
         tokio::select! {

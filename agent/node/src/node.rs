@@ -180,6 +180,7 @@ impl Node {
             env: start.options.env.clone(),
             inputs,
             resources: start.options.resources.clone(),
+            registry_auth: start.registry_auth.clone(),
         };
         let started = self.runtime.start(&spec);
         if let Some(dir) = spec.inputs.first().and_then(|(_, p)| p.parent()) {

@@ -348,7 +348,21 @@ impl Session<'_> {
         match done {
             Ok(Done { op, answer, held }) => {
                 working.release(&held);
-                protocol::write_msg(writer, &Up::Result { op, answer }).await?
+                let started = answer.is_ok();
+                protocol::write_msg(writer, &Up::Result { op, answer }).await?;
+                // A run just launched is looked at once now, so `running` goes out with its
+                // answer instead of at the next heartbeat.
+                if let (Holds::Start(run), true) = (held, started) {
+                    let node = self.node.clone();
+                    let report = blocking(move || {
+                        crate::runtime::sync_run(&node.store, node.runtime.as_ref(), &run)
+                    })
+                    .await
+                    .map_err(Ended::Store)?;
+                    for e in report.errors {
+                        tracing::warn!("cannot read a run's state: {e}");
+                    }
+                }
             }
             // Its op is not recorded, so the coordinator sends it again in the next session; what
             // it held stays held until nothing runs, so nothing overtakes the redelivery.
@@ -377,12 +391,18 @@ impl Session<'_> {
         sent_up_to: &mut u64,
     ) -> Result<(), Ended> {
         let node = self.node.clone();
-        let report =
-            blocking(move || crate::runtime::sync_runs(&node.store, node.runtime.as_ref()))
-                .await
-                .map_err(Ended::Store)?;
+        let (report, tidied) = blocking(move || {
+            let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
+            let record = |run: &str| node.store.run(run).ok().flatten().map(|r| r.state);
+            Ok::<_, crate::state::StateError>((report, node.runtime.tidy(&record)))
+        })
+        .await
+        .map_err(Ended::Store)?;
         for e in report.errors {
             tracing::warn!("cannot read a run's state: {e}");
+        }
+        if let Err(e) = tidied {
+            tracing::warn!("cannot clean up the runtime's leftovers: {e}");
         }
         self.send_events(writer, sent_up_to).await
     }

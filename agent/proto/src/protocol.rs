@@ -72,6 +72,7 @@ pub enum Down {
 }
 
 /// What the coordinator asks of a node.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Command {
@@ -109,6 +110,9 @@ impl Command {
 pub struct StartRun {
     pub run_id: String,
     pub workload: Workload,
+    /// The credential for pulling an image, in this command only: the node never records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<crate::run::RegistryAuth>,
     #[serde(flatten)]
     pub options: RunOptions,
 }

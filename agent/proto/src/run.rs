@@ -75,6 +75,90 @@ impl std::fmt::Display for Workload {
     }
 }
 
+/// An image named by its manifest digest: `HOST[:PORT]/REPO@sha256:HEX`. A tag is never an
+/// identity (it can move), so one is refused wherever an image is named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef {
+    /// `HOST[:PORT]`, the registry the image is pulled from.
+    pub host: String,
+    pub repository: String,
+    pub digest: Digest,
+}
+
+impl ImageRef {
+    /// Reads `HOST[:PORT]/REPO@sha256:HEX`; any other shape is one line saying what to write.
+    pub fn parse(text: &str) -> Result<ImageRef, String> {
+        let wanted = "name it as HOST/REPO@sha256:HEX";
+        let Some((name, digest)) = text.split_once('@') else {
+            let what = if text
+                .rsplit('/')
+                .next()
+                .is_some_and(|last| last.contains(':'))
+            {
+                "is named by a tag, which can move"
+            } else {
+                "has no digest"
+            };
+            return Err(format!("image {text} {what}; {wanted}"));
+        };
+        let digest = Digest::parse(digest)
+            .map_err(|_| format!("image {text}: {digest} is not sha256:<64 hex>; {wanted}"))?;
+        let Some((host, repository)) = name.split_once('/') else {
+            return Err(format!("image {text} names no registry host; {wanted}"));
+        };
+        let host_like = host.contains('.') || host.contains(':') || host == "localhost";
+        let repo_ok = !repository.is_empty()
+            && repository.split('/').all(|part| {
+                !part.is_empty()
+                    && part.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b)
+                    })
+            });
+        if !host_like {
+            return Err(format!("image {text} names no registry host; {wanted}"));
+        }
+        if repository
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':'))
+        {
+            return Err(format!(
+                "image {text} has both a tag and a digest; {wanted}"
+            ));
+        }
+        if !repo_ok {
+            return Err(format!(
+                "image {text}: repository {repository} must be lowercase letters, digits, '.', '_', '-' and '/'; {wanted}"
+            ));
+        }
+        Ok(ImageRef {
+            host: host.to_string(),
+            repository: repository.to_string(),
+            digest,
+        })
+    }
+}
+
+impl std::fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}@{}", self.host, self.repository, self.digest)
+    }
+}
+
+/// A registry credential for pulling one image. It travels only in the start command that needs
+/// it and is never printed: `Debug` shows the user name alone.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryAuth {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegistryAuth({}, <password>)", self.username)
+    }
+}
+
 /// What a run may use beyond the defaults; a runtime that cannot enforce a limit refuses the run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Resources {
@@ -85,6 +169,9 @@ pub struct Resources {
     pub memory_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Gpus::is_none")]
     pub gpus: Gpus,
+    /// The most processes (and threads) the run may have at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
 }
 
 impl Resources {
@@ -215,6 +302,50 @@ mod tests {
             err.to_string().contains("unknown variant `paused`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_image_is_named_by_digest_only() {
+        let hex = "ab".repeat(32);
+        let image = ImageRef::parse(&format!("127.0.0.1:5000/tools/sh@sha256:{hex}")).unwrap();
+        assert_eq!(
+            (image.host.as_str(), image.repository.as_str()),
+            ("127.0.0.1:5000", "tools/sh")
+        );
+        assert_eq!(
+            image.to_string(),
+            format!("127.0.0.1:5000/tools/sh@sha256:{hex}")
+        );
+        let refused = |text: &str| ImageRef::parse(text).unwrap_err();
+        assert_eq!(
+            refused("registry.example/sh:1.0"),
+            "image registry.example/sh:1.0 is named by a tag, which can move; name it as HOST/REPO@sha256:HEX"
+        );
+        assert_eq!(
+            refused("sh@sha256:00"),
+            "image sh@sha256:00: sha256:00 is not sha256:<64 hex>; name it as HOST/REPO@sha256:HEX"
+        );
+        assert_eq!(
+            refused(&format!("library/sh@sha256:{hex}")),
+            format!(
+                "image library/sh@sha256:{hex} names no registry host; name it as HOST/REPO@sha256:HEX"
+            )
+        );
+        assert_eq!(
+            refused(&format!("r.example/sh:1@sha256:{hex}")),
+            format!(
+                "image r.example/sh:1@sha256:{hex} has both a tag and a digest; name it as HOST/REPO@sha256:HEX"
+            )
+        );
+    }
+
+    #[test]
+    fn a_credential_never_prints_its_password() {
+        let auth = RegistryAuth {
+            username: "ci".into(),
+            password: "s3cr?t>".into(),
+        };
+        assert_eq!(format!("{auth:?}"), "RegistryAuth(ci, <password>)");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: each benchmark runs our tool and its peer in one run and records medians.
 mod agent;
 mod build;
-mod registry;
+pub(crate) mod container;
+pub(crate) mod registry;
 mod supervisor;
 
 use anyhow::Result;
@@ -17,6 +18,8 @@ pub enum Which {
     Supervisor,
     /// The agent's idle memory, time to Joined, binary size and run throughput
     Agent,
+    /// An image run through the coordinator and the agent's Docker runtime against `docker run`
+    Container,
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -25,5 +28,6 @@ pub fn run(which: Which) -> Result<()> {
         Which::Registry => registry::run(),
         Which::Supervisor => supervisor::run(),
         Which::Agent => agent::run(),
+        Which::Container => container::run(),
     }
 }

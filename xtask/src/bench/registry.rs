@@ -18,14 +18,14 @@ const LAYER_MIB: usize = 256;
 const BIG_MIB: usize = 2048;
 const SKOPEO_CACHE: &str = "/var/lib/containers/cache/blob-info-cache-v1.boltdb";
 
-struct Registry {
+pub(crate) struct Registry {
     child: Child,
-    host: String,
-    log: PathBuf,
+    pub(crate) host: String,
+    pub(crate) log: PathBuf,
 }
 
 impl Registry {
-    fn start(dir: &Path, name: &str) -> Result<Registry> {
+    pub(crate) fn start(dir: &Path, name: &str) -> Result<Registry> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let host = format!("127.0.0.1:{port}");
         let data = dir.join(name);

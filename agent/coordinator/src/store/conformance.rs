@@ -98,13 +98,15 @@ fn digest(program: &[u8]) -> Digest {
     Digest::of_reader(program).expect("hashing a slice")
 }
 
-fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u64) -> RunRow {
+/// A new waiting run of `program`, as `create_set` takes it.
+pub fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u64) -> RunRow {
     RunRow {
         id: id.into(),
         set_id: set_id.into(),
         node_id: node_id.into(),
         state: RunState::Waiting,
         workload: Workload::Program(digest(program)),
+        needs_registry_auth: false,
         options: RunOptions::default(),
         created_ms,
         updated_ms: created_ms,

@@ -71,6 +71,9 @@ pub struct RunRow {
     pub node_id: String,
     pub state: RunState,
     pub workload: Workload,
+    /// The image's pull needs the registry credential the serving coordinator holds in memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_registry_auth: bool,
     #[serde(flatten)]
     pub options: RunOptions,
     pub created_ms: u64,

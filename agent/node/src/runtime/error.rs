@@ -16,6 +16,9 @@ pub enum RuntimeError {
         runtime: &'static str,
         hint: &'static str,
     },
+    /// An image was asked for and no Docker engine answers; programs still run.
+    #[error("run {run_id}: images need a Docker engine and none answers: {reason}")]
+    NoEngine { run_id: String, reason: String },
     /// A collected file over the caller's limit; nothing was sent.
     #[error(
         "run {run_id}: {path} is {size} bytes, over the {limit} byte limit; raise --max-bytes or collect a smaller file"
@@ -27,7 +30,7 @@ pub enum RuntimeError {
         limit: u64,
     },
     /// The runtime holds no run with this id.
-    #[error("run {run_id} is not known to the run store")]
+    #[error("run {run_id} is not known to this node's runtimes; check the run id")]
     UnknownRun { run_id: String },
     /// A collect path that would leave the run's folder.
     #[error("run {run_id}: collect path {path} leaves the run folder; name a file inside it")]
@@ -63,7 +66,9 @@ impl RuntimeError {
             RuntimeError::UnknownRun { .. } => C::UnknownRun,
             RuntimeError::PathEscapes { .. } => C::PathEscapes,
             RuntimeError::NoSpace { .. } => C::NoSpace,
-            RuntimeError::Unsupported { .. } | RuntimeError::TooLarge { .. } => C::Unsupported,
+            RuntimeError::Unsupported { .. }
+            | RuntimeError::NoEngine { .. }
+            | RuntimeError::TooLarge { .. } => C::Unsupported,
             _ => C::Other,
         }
     }

@@ -5,14 +5,20 @@
 //! HTTP call to a daemon). Async callers wrap calls in `tokio::task::spawn_blocking`, so the agent's
 //! loop never stalls on a slow disk, and runtimes stay free of any async runtime.
 
+pub mod docker;
 mod error;
 mod process;
+mod routed;
 mod watch;
 
+pub use docker::DockerRuntime;
 pub use error::RuntimeError;
-pub use fleet_proto::run::{Outcome, Resources, RunReport, RunState, Workload};
+pub use fleet_proto::run::{
+    Gpus, ImageRef, Outcome, RegistryAuth, Resources, RunReport, RunState, Workload,
+};
 pub use process::{DEFAULT_ROOT, ProcessRuntime, SUPERVISOR_NAME};
-pub use watch::{SyncReport, sync_runs};
+pub use routed::Routed;
+pub use watch::{SyncReport, sync_run, sync_runs};
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -36,6 +42,8 @@ pub struct RunSpec {
     pub inputs: Vec<(String, PathBuf)>,
     /// Limits and devices; a runtime refuses what it cannot enforce.
     pub resources: Resources,
+    /// The credential for pulling an image, held only for this start.
+    pub registry_auth: Option<RegistryAuth>,
 }
 
 impl RunSpec {
@@ -51,6 +59,7 @@ impl RunSpec {
             env: Vec::new(),
             inputs: Vec::new(),
             resources: Resources::default(),
+            registry_auth: None,
         }
     }
 }
@@ -103,4 +112,13 @@ pub trait Runtime: Send + Sync {
     ) -> Result<Collected, RuntimeError>;
     /// Every run the runtime holds.
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError>;
+    /// Cleans up what the runtime keeps beyond the runs' records, given each run's recorded
+    /// state on the node (`None`: no record); returns the runs whose leftovers it removed. The
+    /// process runtime's store keeps its own retention, so by default nothing is done.
+    fn tidy(
+        &self,
+        _record: &dyn Fn(&str) -> Option<RunState>,
+    ) -> Result<Vec<String>, RuntimeError> {
+        Ok(Vec::new())
+    }
 }

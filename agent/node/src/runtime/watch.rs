@@ -27,21 +27,48 @@ pub fn sync_runs(store: &Store, runtime: &dyn Runtime) -> Result<SyncReport, Sta
     // Only unfinished runs are asked about, so the cost follows the runs in flight, not the
     // thousand finished ones the run store keeps.
     for record in store.active_runs()? {
-        let (state, run_report) = match runtime.status(&record.run_id) {
-            Ok(status) => (status.state, status.report),
-            Err(RuntimeError::UnknownRun { .. }) if record.state == RunState::Starting => continue,
-            Err(RuntimeError::UnknownRun { .. }) => (
-                RunState::Lost,
-                RunReport::error("the run store no longer holds this run"),
-            ),
-            Err(e) => {
-                report.errors.push(e);
-                continue;
-            }
-        };
-        if let Some(event) = store.transition(&record.run_id, state, run_report)? {
-            report.events.push(event);
-        }
+        sync_record(store, runtime, &record.run_id, record.state, &mut report)?;
     }
     Ok(report)
+}
+
+/// [`sync_runs`] for one run, right after its start, so `running` is reported without waiting
+/// for the next watch. A run already final, or unknown to the store, is left alone.
+pub fn sync_run(
+    store: &Store,
+    runtime: &dyn Runtime,
+    run_id: &str,
+) -> Result<SyncReport, StateError> {
+    let mut report = SyncReport::default();
+    if let Some(record) = store.run(run_id)?
+        && !record.state.is_final()
+    {
+        sync_record(store, runtime, run_id, record.state, &mut report)?;
+    }
+    Ok(report)
+}
+
+fn sync_record(
+    store: &Store,
+    runtime: &dyn Runtime,
+    run_id: &str,
+    recorded: RunState,
+    report: &mut SyncReport,
+) -> Result<(), StateError> {
+    let (state, run_report) = match runtime.status(run_id) {
+        Ok(status) => (status.state, status.report),
+        Err(RuntimeError::UnknownRun { .. }) if recorded == RunState::Starting => return Ok(()),
+        Err(RuntimeError::UnknownRun { .. }) => (
+            RunState::Lost,
+            RunReport::error("the runtime no longer holds this run"),
+        ),
+        Err(e) => {
+            report.errors.push(e);
+            return Ok(());
+        }
+    };
+    if let Some(event) = store.transition(run_id, state, run_report)? {
+        report.events.push(event);
+    }
+    Ok(())
 }

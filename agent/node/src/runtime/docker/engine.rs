@@ -1,0 +1,197 @@
+//! Reaching the engine: the local socket by default, plain TCP, or TLS with a client
+//! certificate, where the server is trusted only through the given CA (as `docker --tlsverify`
+//! does; bollard's own TLS client would also trust the system's roots, so ours is used).
+use super::RuntimeError;
+use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Seconds any one engine request may take before it is given up (a stop waits out its grace
+/// inside one request, so this is long).
+const REQUEST_TIMEOUT_S: u64 = 600;
+/// The local engine's socket, used when no host is given.
+pub const LOCAL_SOCKET: &str = "unix:///var/run/docker.sock";
+
+/// Where the engine is: `unix:///path`, `tcp://HOST:PORT` or `https://HOST:PORT`, with the
+/// files of a mutual TLS connection.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineAddress {
+    /// `None`: the local socket, `/var/run/docker.sock`.
+    pub host: Option<String>,
+    pub tls: Option<TlsFiles>,
+}
+
+/// The client's certificate and key, and the only CA the server is trusted through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl EngineAddress {
+    /// Docker's own convention: `DOCKER_HOST`, and with `DOCKER_TLS_VERIFY` set (non-empty),
+    /// `ca.pem`, `cert.pem` and `key.pem` in `DOCKER_CERT_PATH` (default `~/.docker`).
+    pub fn from_env() -> EngineAddress {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        let tls = var("DOCKER_TLS_VERIFY").map(|_| {
+            let dir = var("DOCKER_CERT_PATH")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| Path::new(&var("HOME").unwrap_or_default()).join(".docker"));
+            TlsFiles {
+                cert: dir.join("cert.pem"),
+                key: dir.join("key.pem"),
+                ca: dir.join("ca.pem"),
+            }
+        });
+        EngineAddress {
+            host: var("DOCKER_HOST"),
+            tls,
+        }
+    }
+
+    /// The address as a person reads it.
+    pub fn describe(&self) -> String {
+        self.host
+            .clone()
+            .unwrap_or_else(|| LOCAL_SOCKET.to_string())
+    }
+}
+
+/// Connects, negotiates the API version, and returns the client with the engine's version.
+pub(super) async fn connect(address: &EngineAddress) -> Result<(Docker, String), RuntimeError> {
+    let at = address.describe();
+    let failed = |reason: String| RuntimeError::Failed {
+        what: format!("reaching the Docker engine at {at}"),
+        reason,
+    };
+    let docker = client(address).map_err(&failed)?;
+    let docker = docker.negotiate_version().await.map_err(|e| {
+        failed(format!(
+            "{}; start the engine or pass --docker-host",
+            tls_reason(&e, address)
+        ))
+    })?;
+    let version = docker
+        .version()
+        .await
+        .map_err(|e| failed(super::describe(&e)))?;
+    let described = format!(
+        "{} (API {})",
+        version.version.unwrap_or_default(),
+        version.api_version.unwrap_or_default()
+    );
+    Ok((docker, described))
+}
+
+fn client(address: &EngineAddress) -> Result<Docker, String> {
+    let host = address.describe();
+    let (scheme, rest) = host.split_once("://").unwrap_or(("tcp", host.as_str()));
+    match (scheme, &address.tls) {
+        ("unix", None) => {
+            Docker::connect_with_unix(rest, REQUEST_TIMEOUT_S, API_DEFAULT_VERSION)
+                .map_err(|e| format!("{}; start the engine or pass --docker-host", super::describe(&e)))
+        }
+        ("tcp" | "http", None) => {
+            Docker::connect_with_http(rest, REQUEST_TIMEOUT_S, API_DEFAULT_VERSION)
+                .map_err(|e| super::describe(&e))
+        }
+        ("tcp" | "https", Some(files)) => tls_client(rest, files),
+        ("unix", Some(_)) => Err("TLS files were given for a local socket; drop them or pass --docker-host https://HOST:2376".into()),
+        ("https", None) => Err(format!("{host} needs --docker-tls-cert, --docker-tls-key and --docker-tls-ca")),
+        _ => Err(format!("{host} is not unix://PATH, tcp://HOST:PORT or https://HOST:PORT")),
+    }
+}
+
+fn tls_client(host_port: &str, files: &TlsFiles) -> Result<Docker, String> {
+    let config = tls_config(files)?;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnector::from((http, Arc::new(config)));
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(https);
+    let transport = move |req: BollardRequest| {
+        let client = client.clone();
+        async move {
+            client
+                .request(req)
+                .await
+                .map_err(bollard::errors::Error::from)
+        }
+    };
+    Docker::connect_with_custom_transport(
+        transport,
+        Some(format!("https://{host_port}")),
+        REQUEST_TIMEOUT_S,
+        API_DEFAULT_VERSION,
+    )
+    .map_err(|e| super::describe(&e))
+}
+
+fn tls_config(files: &TlsFiles) -> Result<rustls::ClientConfig, String> {
+    let read = |path: &Path, flag: &str| {
+        std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read {flag} {} ({e}); pass an existing PEM file",
+                path.display()
+            )
+        })
+    };
+    let certs = |path: &Path, flag: &str| -> Result<Vec<_>, String> {
+        let pem = read(path, flag)?;
+        let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{flag} {} is not PEM: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{flag} {} holds no certificate", path.display()));
+        }
+        Ok(certs)
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in certs(&files.ca, "--docker-tls-ca")? {
+        roots
+            .add(ca)
+            .map_err(|e| format!("--docker-tls-ca {}: {e}", files.ca.display()))?;
+    }
+    let chain = certs(&files.cert, "--docker-tls-cert")?;
+    let key_pem = read(&files.key, "--docker-tls-key")?;
+    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            format!(
+                "--docker-tls-key {} holds no private key",
+                files.key.display()
+            )
+        })?;
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| {
+            format!("--docker-tls-cert and --docker-tls-key do not make a client identity: {e}")
+        })
+}
+
+/// A failed first request over TLS, told apart: an untrusted server or a refused client
+/// certificate each name the flag to fix.
+fn tls_reason(e: &bollard::errors::Error, address: &EngineAddress) -> String {
+    let text = format!("{e:?}");
+    if address.tls.is_some() {
+        if text.contains("UnknownIssuer")
+            || text.contains("BadSignature")
+            || text.contains("NotValidForName")
+        {
+            return "the engine's certificate is not trusted through --docker-tls-ca; pass the CA that signed it".into();
+        }
+        if text.contains("CertificateRequired")
+            || text.contains("BadCertificate")
+            || text.contains("UnknownCA")
+            || text.contains("unknown ca")
+        {
+            return "the engine refused this client's certificate; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts".into();
+        }
+    }
+    super::describe(e)
+}

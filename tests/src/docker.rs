@@ -1,0 +1,221 @@
+//! The real Docker engine in tests: a static busybox image made with this project's own
+//! `oci build`, pushed with `oci push` to a loopback registry the engine pulls from, and the
+//! removal of every container a test made (by its agent label), even when the test fails.
+use crate::registry::Registry;
+use fleet_agent::runtime::DockerRuntime;
+use fleet_agent::runtime::docker::{EngineAddress, LABEL_AGENT};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The busybox applets the tests' scripts use, as links in the image's `/bin`.
+const APPLETS: &[&str] = &[
+    "sh", "sleep", "printf", "echo", "cat", "ln", "kill", "dd", "head", "true", "false", "env",
+    "ls", "tail", "id",
+];
+
+/// A folder holding `/bin/busybox` (Debian's static build) and its applets as links.
+pub fn busybox_root(dir: &Path) -> PathBuf {
+    let root = dir.join("busybox-root");
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    std::fs::copy("/bin/busybox", bin.join("busybox"))
+        .expect("busybox-static is installed (cargo xtask ci installs it)");
+    for applet in APPLETS {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+    root
+}
+
+/// Builds the busybox image (entrypoint `/bin/sh`), pushes it to `registry` as `REPO:v1`
+/// (with `creds` when the registry needs them) and returns `HOST/REPO@sha256:HEX`. The image
+/// holds `/id` with `id`, so tests that must see a first pull use an id of their own.
+pub fn busybox_image(registry: &Registry, repo: &str, creds: Option<&str>, id: &str) -> String {
+    let dir = crate::tempdir();
+    let layout = dir.path().join("layout");
+    let root = busybox_root(dir.path());
+    std::fs::write(root.join("id"), id).unwrap();
+    crate::ok(
+        crate::cmd("oci")
+            .args(["build", "--layout"])
+            .arg(&layout)
+            .args(["--ref", "v1", "--root"])
+            .arg(&root)
+            .args(["--entrypoint", "/bin/sh", "--compression", "gzip"]),
+    );
+    let mut push = crate::cmd("oci");
+    push.args(["push", "--plain-http", "--quiet"])
+        .arg(format!("oci:{}:v1", layout.display()))
+        .arg(registry.image(&format!("{repo}:v1")));
+    if let Some(creds) = creds {
+        push.args(["--creds", creds]);
+    }
+    let digest = crate::ok(&mut push).trim().to_string();
+    format!("{}/{repo}@{digest}", registry.host())
+}
+
+/// The engine's version, as the runtime negotiated it; every test prints it.
+pub fn engine_version(rt: &DockerRuntime) -> String {
+    let version = rt.engine_version().to_string();
+    eprintln!("Docker engine {version}");
+    version
+}
+
+/// The containers of one test's agent label: removed when made (leftovers of an earlier,
+/// killed run) and when dropped, whether the test passed or not.
+pub struct Containers {
+    pub agent: String,
+    marks: tempfile::TempDir,
+    images: std::cell::RefCell<Vec<String>>,
+}
+
+impl Containers {
+    /// A label unique to this test process and `name`.
+    pub fn new(name: &str) -> Containers {
+        let containers = Containers {
+            agent: format!("test-{name}-{}", std::process::id()),
+            marks: crate::tempdir(),
+            images: Default::default(),
+        };
+        containers.remove_all();
+        containers
+    }
+
+    /// The containers of an agent that labels them `agent` (a real agent uses its node id).
+    pub fn of_agent(agent: &str) -> Containers {
+        let containers = Containers {
+            agent: agent.to_string(),
+            marks: crate::tempdir(),
+            images: Default::default(),
+        };
+        containers.remove_all();
+        containers
+    }
+
+    /// A busybox image of this test's own (a digest no other test has), removed from the
+    /// engine when dropped.
+    pub fn image(&self, registry: &Registry, repo: &str, creds: Option<&str>) -> String {
+        let id = format!("{} {:?}", self.agent, std::time::SystemTime::now());
+        let image = busybox_image(registry, repo, creds, &id);
+        self.images.borrow_mut().push(image.clone());
+        image
+    }
+
+    /// A runtime on the local engine whose containers carry this label.
+    pub fn runtime(&self) -> DockerRuntime {
+        self.runtime_at(&EngineAddress::default())
+    }
+
+    pub fn runtime_at(&self, address: &EngineAddress) -> DockerRuntime {
+        DockerRuntime::connect(address, self.marks.path(), &self.agent)
+            .expect("the local Docker engine answers")
+    }
+
+    /// Names of this label's containers, as the engine lists them.
+    pub fn names(&self) -> Vec<String> {
+        let out = crate::ok(Command::new("docker").args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label={LABEL_AGENT}={}", self.agent),
+            "--format",
+            "{{.Names}}",
+        ]));
+        out.lines().map(str::to_string).collect()
+    }
+
+    fn remove_all(&self) {
+        let names = self.names();
+        if !names.is_empty() {
+            let _ = Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&names)
+                .output();
+        }
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        self.remove_all();
+        let images = self.images.borrow();
+        if !images.is_empty() {
+            let _ = Command::new("docker")
+                .args(["rmi", "-f"])
+                .args(images.iter())
+                .output();
+        }
+    }
+}
+
+/// Removes containers named `octomy-run-PREFIX*` whatever their label (a killed earlier run
+/// of the same test), so a fixed run id starts clean.
+pub fn remove_named(prefix: &str) {
+    let out = crate::ok(Command::new("docker").args([
+        "ps",
+        "-a",
+        "--filter",
+        &format!("name=octomy-run-{prefix}"),
+        "--format",
+        "{{.Names}}",
+    ]));
+    let names: Vec<&str> = out.lines().collect();
+    if !names.is_empty() {
+        let _ = Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&names)
+            .output();
+    }
+}
+
+/// The local engine behind a TLS terminator that requires a client certificate signed by the
+/// PKI's CA (Debian's `stunnel4` in front of the engine's socket, on a loopback port), as a
+/// remote engine on port 2376 would be. Stopped when dropped.
+pub struct TlsEngine {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    pub host: String,
+}
+
+impl TlsEngine {
+    pub fn start(pki: &crate::pki::Pki) -> TlsEngine {
+        let dir = crate::tempdir();
+        let port = crate::registry::free_port();
+        let config = dir.path().join("stunnel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "foreground = yes\npid =\noutput = {log}\n[engine]\naccept = 127.0.0.1:{port}\nconnect = /var/run/docker.sock\ncert = {cert}\nkey = {key}\nCAfile = {ca}\nrequireCert = yes\nverifyChain = yes\n",
+                log = dir.path().join("stunnel.log").display(),
+                cert = pki.server_cert.display(),
+                key = pki.server_key.display(),
+                ca = pki.ca_cert.display(),
+            ),
+        )
+        .unwrap();
+        let child = Command::new("stunnel4")
+            .arg(&config)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("stunnel4 is installed (cargo xtask ci installs it)");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let listening = crate::agent::wait_until(std::time::Duration::from_secs(10), || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        assert!(listening, "stunnel4 did not listen on {addr}");
+        TlsEngine {
+            child,
+            _dir: dir,
+            host: format!("https://{addr}"),
+        }
+    }
+}
+
+impl Drop for TlsEngine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
