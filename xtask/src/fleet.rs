@@ -109,6 +109,11 @@ impl Coordinator {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The serving process's id.
+    pub fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
     /// `run --all --program PROGRAM REST...`; returns the set id.
     pub fn run_set(&self, program: &Path, rest: &[&str]) -> Result<String> {
         let program = program.to_string_lossy();

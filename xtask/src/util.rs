@@ -117,3 +117,14 @@ pub fn record_benchmark(name: &str, markdown: &str) -> Result<()> {
     eprintln!("recorded the {name} benchmark in {}", path.display());
     Ok(())
 }
+
+/// A `KiB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`).
+pub fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}

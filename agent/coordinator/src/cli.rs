@@ -29,8 +29,8 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Mint a one-time token and print its join file (JSON)
-    Token(TokenArgs),
+    /// Mint a one-time token and print its join file (JSON); with --count, one per line
+    Token(TokenCmd),
     /// Mint a token and print #cloud-config user data that joins a new machine by itself
     UserData(UserDataArgs),
     /// Answer joins, sessions and bundle downloads on one port
@@ -118,6 +118,15 @@ pub struct CollectArgs {
 pub struct StopArgs {
     #[arg(long)]
     pub run: String,
+}
+
+#[derive(Args)]
+pub struct TokenCmd {
+    #[command(flatten)]
+    pub token: TokenArgs,
+    /// How many tokens to mint: each join file is printed on one line (JSON lines)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: u32,
 }
 
 #[derive(Args, Clone)]

@@ -11,6 +11,7 @@ use fleet_coordinator::{operator, serve, userdata};
 use fleet_proto::binary;
 use fleet_proto::joinfile::JoinFile;
 use fleet_proto::run::RunOptions;
+use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,9 +40,17 @@ fn run_coordinator(args: Cli) -> Result<()> {
     };
     let data = &place.data;
     match args.command {
-        Command::Token(t) => {
-            let join = operate(&place, operator::Request::Token(token_request(&t)))?;
+        Command::Token(t) if t.count == 1 => {
+            let join = operate(&place, operator::Request::Token(token_request(&t.token)))?;
             println!("{}", serde_json::to_string_pretty(&join)?);
+        }
+        Command::Token(t) => {
+            let request = operator::Request::Token(token_request(&t.token));
+            let mut out = std::io::stdout().lock();
+            for _ in 0..t.count {
+                let join = operate(&place, request.clone())?;
+                writeln!(out, "{}", serde_json::to_string(&join)?)?;
+            }
         }
         Command::UserData(u) => {
             let bundles = u.bundles.unwrap_or_else(|| data.join("bundles"));

@@ -3,7 +3,7 @@
 //! one agent and receive every result, each beside a peer measured in the same run.
 use crate::cross;
 use crate::fleet::{self, Coordinator, wait_for_line};
-use crate::util::{measure, median, record_benchmark};
+use crate::util::{measure, median, proc_status_kib, record_benchmark};
 use anyhow::{Context, Result, bail};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -105,21 +105,11 @@ fn join_once(bin: &Path, coordinator: &Coordinator, dir: &Path) -> Result<(f64, 
     // Keep draining its log so it never blocks on a full pipe while idling.
     let drain = std::thread::spawn(move || lines.for_each(drop));
     std::thread::sleep(IDLE);
-    let rss = vm_rss_kib(child.id())?;
+    let rss = proc_status_kib(child.id(), "VmRSS")?;
     let _ = child.kill();
     let _ = child.wait();
     let _ = drain.join();
     Ok((joined.as_secs_f64() * 1000.0, rss))
-}
-
-fn vm_rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("no VmRSS in /proc/PID/status")
 }
 
 /// Seconds to run DISPATCH_RUNS `exit 0` programs through the coordinator and one fresh agent

@@ -2,6 +2,7 @@
 mod agent;
 mod build;
 pub(crate) mod container;
+mod fleet;
 pub(crate) mod registry;
 mod supervisor;
 
@@ -20,6 +21,12 @@ pub enum Which {
     Agent,
     /// An image run through the coordinator and the agent's Docker runtime against `docker run`
     Container,
+    /// One coordinator and N simulated nodes: join time, memory per node, CPU per heartbeat, dispatch
+    Fleet {
+        /// How many simulated nodes
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+    },
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -29,5 +36,6 @@ pub fn run(which: Which) -> Result<()> {
         Which::Supervisor => supervisor::run(),
         Which::Agent => agent::run(),
         Which::Container => container::run(),
+        Which::Fleet { nodes } => fleet::run(nodes),
     }
 }
