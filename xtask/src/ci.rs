@@ -13,6 +13,22 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "curl",
     "hyperfine",
     "faketime",
+    // The simulated fresh machine in tests/it/bootstrap.rs: its root, its veth pair, the unit's
+    // check, the stripped bundle, and Debian's python3 with what cloud-init's schema check imports.
+    "busybox-static",
+    "iproute2",
+    "systemd",
+    "binutils",
+    "python3",
+    "python3-configobj",
+    "python3-jinja2",
+    "python3-jsonpatch",
+    "python3-jsonschema",
+    "python3-netifaces",
+    "python3-oauthlib",
+    "python3-requests",
+    "python3-serial",
+    "python3-yaml",
 ];
 
 /// PyPI packages the tests use, as (import name, package name).
@@ -21,6 +37,7 @@ const PYTHON_PACKAGES: &[(&str, &str)] = &[("yaml", "PyYAML")];
 pub fn run() -> Result<()> {
     install_debian_packages()?;
     install_python_packages()?;
+    unpack_cloud_init()?;
     cross::install_toolchain()?;
     util::run(Command::new("cargo").args(["fmt", "--all", "--check"]))?;
     util::run(Command::new("cargo").args([
@@ -57,6 +74,30 @@ fn install_debian_packages() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// Debian's cloud-init, unpacked under target/cloud-init for its schema check (installing it
+/// would set up its boot services on this machine).
+fn unpack_cloud_init() -> Result<()> {
+    let into = cross::target_dir().join("cloud-init");
+    if into
+        .join("usr/lib/python3/dist-packages/cloudinit/config/schema.py")
+        .exists()
+    {
+        return Ok(());
+    }
+    let download = cross::target_dir().join("cloud-init-deb");
+    std::fs::create_dir_all(&download)?;
+    util::run(
+        Command::new("apt-get")
+            .args(["download", "cloud-init"])
+            .current_dir(&download),
+    )?;
+    util::run(Command::new("sh").arg("-c").arg(format!(
+        "dpkg -x {}/cloud-init_*.deb {}",
+        download.display(),
+        into.display()
+    )))
 }
 
 fn install_python_packages() -> Result<()> {
