@@ -39,13 +39,15 @@ struct Net {
 impl Net {
     fn new(index: u8) -> Net {
         let pid = std::process::id();
+        // A /30 of 10/8 of this process's own, so concurrent test runs never share one.
+        let subnet = format!("10.{}.{}", 100 + pid % 100, (pid / 100) % 250);
         let net = Net {
             ns: format!("fleet-boot-{pid}-{index}"),
             host_if: format!("fb{}h{index}", pid % 100_000),
-            host_ip: format!("10.{}.{}.1", 100 + pid % 100, index * 4),
+            host_ip: format!("{subnet}.{}", index * 4 + 1),
         };
         let machine_if = format!("fb{}m{index}", pid % 100_000);
-        let machine_ip = format!("10.{}.{}.2/30", 100 + pid % 100, index * 4);
+        let machine_ip = format!("{subnet}.{}/30", index * 4 + 2);
         sh(Command::new("ip").args(["netns", "add", &net.ns]));
         sh(Command::new("ip").args([
             "link",

@@ -55,6 +55,8 @@ pub fn run() -> Result<()> {
         &["fleet-agent", "fleet-run-supervisor"],
     )?;
     util::run(Command::new("cargo").args(["test", "--workspace", "--", "--test-threads=4"]))?;
+    // Bundles are byte-identical from two checkouts at different paths (two release builds).
+    cross::check_reproducible(Some("x86_64"))?;
     Ok(())
 }
 
