@@ -522,8 +522,13 @@ fn user_data_writes_the_join_file_and_starts_the_agent() {
         "http://{}/bundles/hub-linux-arm64.tar.gz",
         coord.addr
     )));
-    assert!(script.contains("sha256sum -c -"));
-    assert!(script.contains("--head-less --join-file /run/octomy/fleet.json"));
+    assert!(script.contains("sha256sum \"$bundle\""));
+    assert!(script.contains("systemctl enable --now fleet-agent.service"));
+    let unit = &doc["write_files"][1];
+    assert_eq!(unit["path"], "/etc/systemd/system/fleet-agent.service");
+    assert!(unit["content"].as_str().unwrap().contains(
+        "ExecStart=/opt/octomy/fleet-agent --head-less --join-file /run/octomy/fleet.json\n"
+    ));
     // The join file it carries works.
     let m = Machine::new(dir.path(), "m");
     std::fs::write(m.join_file(), file["content"].as_str().unwrap()).unwrap();

@@ -42,7 +42,18 @@ impl Fleet {
     }
 
     fn with_agent(agent_env: Vec<(String, String)>, agent_flags: &[&str]) -> Fleet {
+        Fleet::with_setup(agent_env, agent_flags, |_| {})
+    }
+
+    /// Like [`with_agent`](Self::with_agent), with `setup` run on the fleet's folder before
+    /// the agent starts.
+    fn with_setup(
+        agent_env: Vec<(String, String)>,
+        agent_flags: &[&str],
+        setup: impl FnOnce(&Path),
+    ) -> Fleet {
         let dir = testkit::tempdir();
+        setup(dir.path());
         let coord = Coordinator::start(&dir.path().join("coord"), &[]);
         std::fs::write(
             dir.path().join("fleet.json"),
@@ -892,4 +903,65 @@ fn arguments_reach_the_program_byte_for_byte() {
         std::fs::read(&out).unwrap(),
         b"two words|'quoted' \"and\" $HOME|\xffa\xfe|"
     );
+}
+
+#[test]
+fn a_full_disk_fails_runs_with_the_cause_and_the_agent_works_again_once_there_is_room() {
+    // The agent's state and run store on one small disk (dropped after the fleet, whose agent
+    // holds files on it).
+    let outside = testkit::tempdir();
+    let disk = testkit::TinyDisk::mount(outside.path().join("disk"), "8m");
+    let fleet = Fleet::with_setup(Vec::new(), &[], |dir| {
+        for name in ["state", "runs"] {
+            std::fs::create_dir_all(disk.0.join(name)).unwrap();
+            std::os::unix::fs::symlink(disk.0.join(name), dir.join(name)).unwrap();
+        }
+    });
+    let (effects, program) = fleet.effect_program("effect.sh", "true");
+    let before = fleet.run(&program, &[], &["before"]);
+    assert_eq!(fleet.wait_row(&before, is_final)["state"], "finished");
+
+    disk.fill("filler");
+    let mut full = Vec::new();
+    for word in ["full-1", "full-2"] {
+        let set = fleet.run(&program, &[], &[word]);
+        let row = fleet.wait_row(&set, is_final);
+        assert_eq!(row["state"], "failed", "{row:#}");
+        let error = row["error"].as_str().unwrap_or_default().to_string();
+        // Whichever write meets the full disk first names it: the node's store or the run store,
+        // both on that disk.
+        let names_the_disk = ["state", "runs"]
+            .iter()
+            .any(|d| error.contains(&fleet.path(d).display().to_string()));
+        assert!(
+            error.contains("no space left on device") && names_the_disk,
+            "the real cause and the disk: {error}"
+        );
+        assert!(!error.contains("Previous I/O error"), "{error}");
+        full.push(set);
+    }
+    let agent = fleet.agent.as_ref().unwrap();
+    let log = agent.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("a run could not start")
+            && l.contains("no space left on device")),
+        "a warning in the agent's log: {log}"
+    );
+
+    std::fs::remove_file(disk.0.join("filler")).unwrap();
+    let after = fleet.run(&program, &[], &["after"]);
+    let row = fleet.wait_row(&after, is_final);
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(fleet.starts, 1, "no restart");
+    assert_eq!(
+        std::fs::read_to_string(&effects).unwrap(),
+        "before\nafter\n",
+        "each run that started ran once; the refused ones never ran"
+    );
+    // Everything recorded before is still there.
+    assert_eq!(fleet.row(&before)["state"], "finished");
+    for set in &full {
+        assert_eq!(fleet.row(set)["state"], "failed");
+    }
 }

@@ -9,7 +9,7 @@ use fleet_proto::Digest;
 use serde_json::json;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use testkit::runtime_suite::{self as suite, sha256sum, shell, wait_for};
@@ -286,29 +286,10 @@ fn process_runtime_specifics_reach_the_detail_and_refusals_keep_their_class() {
     );
 }
 
-/// A tiny tmpfs, unmounted when dropped, so "the disk is full" is real.
-struct TinyDisk(PathBuf);
-impl TinyDisk {
-    fn mount(at: PathBuf) -> TinyDisk {
-        std::fs::create_dir_all(&at).unwrap();
-        testkit::ok(
-            Command::new("mount")
-                .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
-                .arg(&at),
-        );
-        TinyDisk(at)
-    }
-}
-impl Drop for TinyDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn an_input_too_large_for_the_disk_is_a_clear_error_its_run_fails_and_the_next_run_works() {
     let dir = testkit::tempdir();
-    let disk = TinyDisk::mount(dir.path().join("disk"));
+    let disk = testkit::TinyDisk::mount(dir.path().join("disk"), "256k");
     let rt = runtime(&disk.0);
     // A small static program keeps the staged copy well inside the tiny disk.
     let program = Workload::Program(rt.stage(Path::new("/bin/true")).unwrap());

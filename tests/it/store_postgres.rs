@@ -24,12 +24,7 @@ fn open(url: &str) -> Store {
 
 /// An unspent token that never expires.
 fn token() -> TokenRecord {
-    TokenRecord {
-        expires_at_ms: u64::MAX,
-        name: None,
-        labels: Default::default(),
-        spent_by: None,
-    }
+    conformance::token(u64::MAX)
 }
 
 fn database_of(url: &str) -> &str {

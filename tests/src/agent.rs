@@ -35,10 +35,16 @@ pub struct Coordinator {
 impl Coordinator {
     /// Starts on a free port with a fast heartbeat (200 ms) and a short lease (2 s), plus `extra` flags.
     pub fn start(data: &Path, extra: &[&str]) -> Coordinator {
+        Coordinator::start_on(data, "127.0.0.1:0", extra)
+    }
+
+    /// Like [`start`](Self::start), listening on `listen` (an address of the test's own, such as
+    /// its side of a veth pair, with port 0 for a free one).
+    pub fn start_on(data: &Path, listen: &str, extra: &[&str]) -> Coordinator {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut c = Coordinator {
             data: data.to_path_buf(),
-            addr: "127.0.0.1:0".into(),
+            addr: listen.into(),
             log: data.with_extension("serve.log"),
             extra,
             child: None,

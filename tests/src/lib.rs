@@ -80,3 +80,37 @@ pub fn tempdir() -> tempfile::TempDir {
         .tempdir()
         .expect("can create a temporary directory")
 }
+
+/// A tiny tmpfs, unmounted when dropped, so "the disk is full" is real.
+pub struct TinyDisk(pub PathBuf);
+
+impl TinyDisk {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it: 256k, 4m) at `at`.
+    pub fn mount(at: PathBuf, size: &str) -> TinyDisk {
+        std::fs::create_dir_all(&at).unwrap();
+        ok(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at));
+        TinyDisk(at)
+    }
+
+    /// Fills the disk with `filler` until a write fails for lack of space.
+    pub fn fill(&self, filler: &str) {
+        use std::io::Write;
+        let mut file = std::fs::File::create(self.0.join(filler)).expect("can create the filler");
+        let chunk = vec![0u8; 4096];
+        loop {
+            match file.write_all(&chunk).and_then(|()| file.sync_all()) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(28) => return,
+                Err(e) => panic!("cannot fill {}: {e}", self.0.display()),
+            }
+        }
+    }
+}
+
+impl Drop for TinyDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}

@@ -20,6 +20,21 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "busybox-static",
     // The TLS terminator in front of the engine's socket: a remote engine with mutual TLS.
     "stunnel4",
+    // The simulated fresh machine in tests/it/bootstrap.rs: its root, its veth pair, the unit's
+    // check, the stripped bundle, and Debian's python3 with what cloud-init's schema check imports.
+    "iproute2",
+    "systemd",
+    "binutils",
+    "python3",
+    "python3-configobj",
+    "python3-jinja2",
+    "python3-jsonpatch",
+    "python3-jsonschema",
+    "python3-netifaces",
+    "python3-oauthlib",
+    "python3-requests",
+    "python3-serial",
+    "python3-yaml",
 ];
 
 /// PyPI packages the tests use, as (import name, package name).
@@ -28,6 +43,7 @@ const PYTHON_PACKAGES: &[(&str, &str)] = &[("yaml", "PyYAML")];
 pub fn run() -> Result<()> {
     install_debian_packages()?;
     install_python_packages()?;
+    unpack_cloud_init()?;
     cross::install_toolchain()?;
     util::run(Command::new("cargo").args(["fmt", "--all", "--check"]))?;
     util::run(Command::new("cargo").args([
@@ -45,6 +61,8 @@ pub fn run() -> Result<()> {
         &["fleet-agent", "fleet-run-supervisor"],
     )?;
     util::run(Command::new("cargo").args(["test", "--workspace", "--", "--test-threads=4"]))?;
+    // Bundles are byte-identical from two checkouts at different paths (two release builds).
+    cross::check_reproducible(Some("x86_64"))?;
     Ok(())
 }
 
@@ -64,6 +82,30 @@ fn install_debian_packages() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// Debian's cloud-init, unpacked under target/cloud-init for its schema check (installing it
+/// would set up its boot services on this machine).
+fn unpack_cloud_init() -> Result<()> {
+    let into = cross::target_dir().join("cloud-init");
+    if into
+        .join("usr/lib/python3/dist-packages/cloudinit/config/schema.py")
+        .exists()
+    {
+        return Ok(());
+    }
+    let download = cross::target_dir().join("cloud-init-deb");
+    std::fs::create_dir_all(&download)?;
+    util::run(
+        Command::new("apt-get")
+            .args(["download", "cloud-init"])
+            .current_dir(&download),
+    )?;
+    util::run(Command::new("sh").arg("-c").arg(format!(
+        "dpkg -x {}/cloud-init_*.deb {}",
+        download.display(),
+        into.display()
+    )))
 }
 
 fn install_python_packages() -> Result<()> {

@@ -29,14 +29,35 @@ pub fn install_toolchain() -> Result<()> {
     Ok(())
 }
 
-/// Builds the named packages' binaries, release and static, for one musl target.
+/// Builds the named packages' binaries, release and static, for one musl target, with the
+/// checkout's and cargo's folders remapped out of them (the same binaries from any path).
 pub fn build_static(target: &str, packages: &[&str]) -> Result<()> {
     let mut cmd = Command::new("cargo");
-    cmd.args(["zigbuild", "--release", "--target", target]);
+    cmd.args(["zigbuild", "--release", "--target", target])
+        .env("CARGO_ENCODED_RUSTFLAGS", reproducible_rustflags())
+        .env_remove("RUSTFLAGS");
     for p in packages {
         cmd.args(["--package", p]);
     }
     util::run(&mut cmd)
+}
+
+/// `--remap-path-prefix` for the checkout, the target folder and cargo's home, as
+/// CARGO_ENCODED_RUSTFLAGS (0x1f between flags, so a path may hold spaces). The profile strips
+/// debug info; these cover the paths that remain (panic locations of dependencies).
+fn reproducible_rustflags() -> String {
+    let mut remaps = vec![(util::root(), "/build"), (target_dir(), "/target")];
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    if let Some(home) = cargo_home {
+        remaps.push((home, "/cargo"));
+    }
+    remaps
+        .iter()
+        .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
+        .collect::<Vec<_>>()
+        .join("\x1f")
 }
 
 /// The binaries a machine runs, packed into each bundle.
@@ -58,6 +79,7 @@ pub fn dist(arch: Option<&str>) -> Result<()> {
     }
     let dist = util::root().join("dist");
     std::fs::create_dir_all(&dist)?;
+    eprintln!("xtask: building bundles into {}", dist.display());
     for (arch, target) in selected {
         build_static(
             target,
@@ -78,7 +100,8 @@ pub fn dist(arch: Option<&str>) -> Result<()> {
     )
 }
 
-/// Packs one bundle with fixed owners, times and order, so the same binaries give the same bytes.
+/// Packs one bundle with fixed owners, modes, times and order, and gzip at a fixed level without
+/// name or time, so the same binaries give the same bytes.
 fn pack_bundle(arch: &str, target: &str, dist: &Path) -> Result<()> {
     let release = target_dir().join(target).join("release");
     let staging = dist.join(format!("hub-linux-{arch}"));
@@ -93,8 +116,8 @@ fn pack_bundle(arch: &str, target: &str, dist: &Path) -> Result<()> {
     }
     let bundle = dist.join(format!("hub-linux-{arch}.tar.gz"));
     let script = format!(
-        "tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=posix \
-         --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+        "tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=u=rwX,go=rX \
+         --format=posix --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
          -C {staging} -cf - . | gzip -9 -n > {bundle}.tmp && mv {bundle}.tmp {bundle}",
         staging = staging.display(),
         bundle = bundle.display()
@@ -109,4 +132,59 @@ pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| util::root().join("target"))
+}
+
+/// `cargo xtask dist-check`: `cargo xtask dist` from two fresh clones of this checkout's HEAD at
+/// different paths, sharing one target folder (so a wrong checkout path would show), and their
+/// bundles and SHA256SUMS compared byte for byte.
+pub fn check_reproducible(arch: Option<&str>) -> Result<()> {
+    let base = target_dir().join("dist-check");
+    if base.exists() {
+        std::fs::remove_dir_all(&base)?;
+    }
+    let clones = [base.join("a/checkout"), base.join("b/another-checkout")];
+    for clone in &clones {
+        std::fs::create_dir_all(clone.parent().expect("a clone has a parent"))?;
+        util::run(
+            Command::new("git")
+                .args(["clone", "--quiet", "--no-local"])
+                .arg(util::root())
+                .arg(clone),
+        )?;
+        let mut dist = Command::new("cargo");
+        dist.args(["xtask", "dist"])
+            .current_dir(clone)
+            .env("CARGO_TARGET_DIR", target_dir())
+            .env_remove("CARGO_MANIFEST_DIR");
+        if let Some(arch) = arch {
+            dist.args(["--arch", arch]);
+        }
+        util::run(&mut dist)?;
+    }
+    let (a, b) = (clones[0].join("dist"), clones[1].join("dist"));
+    let mut names: Vec<String> = std::fs::read_dir(&a)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".tar.gz") || n == "SHA256SUMS")
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        bail!(
+            "{} holds no bundles: cargo xtask dist wrote them elsewhere",
+            a.display()
+        );
+    }
+    for name in &names {
+        let (left, right) = (std::fs::read(a.join(name))?, std::fs::read(b.join(name)));
+        let right = right.with_context(|| format!("{} lacks {name}", b.display()))?;
+        if left != right {
+            bail!(
+                "{name} differs between {} and {}: the bundles are not reproducible; compare the unpacked binaries with diffoscope",
+                a.display(),
+                b.display()
+            );
+        }
+        eprintln!("xtask: {name} is byte-identical from both checkouts");
+    }
+    std::fs::remove_dir_all(&base)?;
+    Ok(())
 }

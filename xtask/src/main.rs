@@ -29,6 +29,12 @@ enum Task {
         #[arg(long)]
         arch: Option<String>,
     },
+    /// Run `dist` from two clones at different paths and check the bundles are byte-identical
+    DistCheck {
+        /// Only this architecture (x86_64 or arm64)
+        #[arg(long)]
+        arch: Option<String>,
+    },
     /// Build the agent's own multi-arch OCI image (linux/amd64, linux/arm64) into dist/image
     Image,
     /// Run a benchmark side by side with its peer and record it in BENCHMARKS.md
@@ -50,6 +56,7 @@ fn main() {
         Task::Ci => ci::run(),
         Task::Demo => demo::run(),
         Task::Dist { arch } => cross::dist(arch.as_deref()),
+        Task::DistCheck { arch } => cross::check_reproducible(arch.as_deref()),
         Task::Image => image::run(),
         Task::Bench { which } => bench::run(which),
         Task::Soak { kills } => soak::run(kills),

@@ -3,12 +3,32 @@ use anyhow::{Context, Result, bail};
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The workspace root (the parent of `xtask/`).
+/// The workspace root of the checkout `cargo xtask` runs in, found at run time: the folder
+/// above the `CARGO_MANIFEST_DIR` cargo sets for `cargo run`, else the nearest folder above the
+/// current one holding `xtask/Cargo.toml`. Never the path xtask was compiled in: with one
+/// CARGO_TARGET_DIR shared by two checkouts, that would be the other checkout.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives one level below the workspace root")
-        .to_path_buf()
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let is_root = |dir: &std::path::Path| dir.join("xtask/Cargo.toml").is_file();
+        let from_cargo = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(PathBuf::from)
+            .and_then(|manifest| manifest.parent().map(PathBuf::from))
+            .filter(|dir| is_root(dir));
+        from_cargo
+            .or_else(|| {
+                let cwd = std::env::current_dir().ok()?;
+                cwd.ancestors().find(|dir| is_root(dir)).map(PathBuf::from)
+            })
+            .unwrap_or_else(|| {
+                eprintln!(
+                    "xtask: cannot find the checkout: run `cargo xtask` inside it (no xtask/Cargo.toml above {})",
+                    std::env::current_dir().unwrap_or_default().display()
+                );
+                std::process::exit(1)
+            })
+    })
+    .clone()
 }
 
 /// Runs a command (in the workspace root unless it names a folder), echoing it, and fails on a

@@ -117,6 +117,9 @@ pub enum NodeState {
     Joined,
     #[serde(rename = "lost")]
     Lost,
+    /// A machine handed a token reported that its bootstrap failed; it never joined.
+    #[serde(rename = "failed")]
+    Failed,
 }
 
 impl NodeState {
@@ -124,6 +127,7 @@ impl NodeState {
         match self {
             NodeState::Joined => "Joined",
             NodeState::Lost => "lost",
+            NodeState::Failed => "failed",
         }
     }
 }
@@ -139,6 +143,9 @@ pub struct NodeView {
     pub joined_at_ms: u64,
     pub last_heartbeat_ms: Option<u64>,
     pub facts: Option<Facts>,
+    /// Why a `failed` machine did not join, as it reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A node's id follows from its key, so the same key always gets the same id.
@@ -229,6 +236,7 @@ impl Coordinator {
             name: request.name.clone(),
             labels: request.labels.clone(),
             spent_by: None,
+            bootstrap_failure: None,
         };
         self.store.add_token(&token_hash(&token), &record, now)?;
         Ok(JoinFile {
@@ -251,6 +259,12 @@ impl Coordinator {
             .into_iter()
             .map(|n| view(n, now))
             .collect();
+        nodes.extend(
+            self.store
+                .failed_bootstraps()?
+                .into_iter()
+                .map(|(hash, token)| failed_view(&hash, token)),
+        );
         nodes.sort_by(|a, b| a.joined_at_ms.cmp(&b.joined_at_ms).then(a.id.cmp(&b.id)));
         Ok(nodes)
     }
@@ -271,6 +285,26 @@ fn view(node: NodeRecord, now: u64) -> NodeView {
         joined_at_ms: node.joined_at_ms,
         last_heartbeat_ms: node.last_heartbeat_ms,
         facts: node.facts,
+        error: None,
+    }
+}
+
+/// A machine that never joined: named by its token's hash (never the token), with its reason.
+fn failed_view(token_hash: &str, token: TokenRecord) -> NodeView {
+    let failure = token.bootstrap_failure.unwrap_or(store::BootstrapFailure {
+        at_ms: 0,
+        reason: String::new(),
+    });
+    NodeView {
+        id: format!("token-{}", &token_hash[..token_hash.len().min(12)]),
+        state: NodeState::Failed,
+        name: token.name,
+        public_key: "-".into(),
+        labels: token.labels,
+        joined_at_ms: failure.at_ms,
+        last_heartbeat_ms: None,
+        facts: None,
+        error: Some(format!("bootstrap failed: {}", failure.reason)),
     }
 }
 

@@ -288,7 +288,7 @@ fn print_nodes(args: &NodesArgs, nodes: serde_json::Value) -> Result<()> {
             facts.map_or(0, |f| f.cpus),
             facts.map_or(0, |f| f.accelerators.len()),
             beat,
-            n.public_key
+            n.error.as_deref().unwrap_or(&n.public_key)
         );
     }
     Ok(())

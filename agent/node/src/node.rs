@@ -44,8 +44,18 @@ impl Node {
     }
 
     /// Answers one command (blocking). Fenced by `generation`; mutating commands are answered
-    /// from the applied record when redelivered, and recorded before the answer leaves.
+    /// from the applied record when redelivered, and recorded before the answer leaves. A run
+    /// that could not start is logged at warning level with its reason (a full disk, a missing
+    /// program), since nobody watches the machine.
     pub fn execute(&self, op: &str, generation: u64, command: &Command) -> Answer {
+        let answer = self.answer(op, generation, command);
+        if let (Command::Start(start), Err(refusal)) = (command, &answer) {
+            tracing::warn!(op, run_id = %start.run_id, "a run could not start: {}", refusal.message);
+        }
+        answer
+    }
+
+    fn answer(&self, op: &str, generation: u64, command: &Command) -> Answer {
         let store_failed = |e: StateError| Refusal::new(RefusalClass::Store, e);
         if let Err(e) = self.store.check_generation(generation) {
             return Err(Refusal::new(RefusalClass::Fenced, e));

@@ -7,8 +7,8 @@
 //!
 //! The checks panic on the first broken rule, naming it.
 use super::{
-    Backend, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow, SCHEMA_VERSION, Store, StoreError,
-    TokenRecord,
+    Backend, BootstrapFailure, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow, SCHEMA_VERSION, Store,
+    StoreError, TokenRecord,
 };
 use fleet_proto::Digest;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
@@ -25,6 +25,10 @@ pub const RULES: &[(&str, Rule)] = &[
     (
         "expired_token_refused_and_pruned_at_next_mint",
         expired_token_refused_and_pruned_at_next_mint,
+    ),
+    (
+        "failed_bootstrap_recorded_once_and_burns_its_token",
+        failed_bootstrap_recorded_once_and_burns_its_token,
     ),
     ("sessions_and_heartbeats", sessions_and_heartbeats),
     ("events_deduped_by_id", events_deduped_by_id),
@@ -77,12 +81,14 @@ fn open(blank: Blank, keep: u64) -> Store {
     Store::open(blank(), keep).expect("a blank backend opens as a store")
 }
 
-fn token(expires_at_ms: u64) -> TokenRecord {
+/// An unspent token of a named node, expiring at `expires_at_ms`.
+pub fn token(expires_at_ms: u64) -> TokenRecord {
     TokenRecord {
         expires_at_ms,
         name: Some("worker".into()),
         labels: [("zone".to_string(), "a".to_string())].into(),
         spent_by: None,
+        bootstrap_failure: None,
     }
 }
 
@@ -201,6 +207,55 @@ pub fn token_spent_once(blank: Blank) {
         "an unknown token is refused"
     );
     assert_eq!(store.nodes().unwrap().len(), 1);
+}
+
+/// A machine's failed bootstrap is recorded on its waiting token, once, with its reason; the token
+/// is burnt (no longer waiting, never redeemed). An unknown, spent or expired token takes no report.
+pub fn failed_bootstrap_recorded_once_and_burns_its_token(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    store.add_token("t", &token(1_000), 0).unwrap();
+    store.add_token("spent", &token(1_000), 0).unwrap();
+    assert!(
+        store
+            .redeem("spent", KEY_B, NODE_B, 5, 500)
+            .unwrap()
+            .is_some()
+    );
+    assert!(store.fail_bootstrap("t", "bundle mismatch", 10).unwrap());
+    assert!(
+        !store.fail_bootstrap("t", "again", 11).unwrap(),
+        "a failure is recorded once"
+    );
+    let failed = store.failed_bootstraps().unwrap();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, "t");
+    assert_eq!(
+        failed[0].1.bootstrap_failure,
+        Some(BootstrapFailure {
+            at_ms: 10,
+            reason: "bundle mismatch".into()
+        }),
+        "the first reason, at the coordinator's clock"
+    );
+    assert!(
+        !store.has_waiting_token(20).unwrap(),
+        "a failed token waits no more"
+    );
+    assert!(
+        store.redeem("t", KEY_A, NODE_A, 20, 500).unwrap().is_none(),
+        "a failed token is never redeemed"
+    );
+    assert!(!store.fail_bootstrap("unknown", "x", 20).unwrap());
+    assert!(
+        !store.fail_bootstrap("spent", "x", 20).unwrap(),
+        "a spent token takes no report"
+    );
+    store.add_token("late", &token(100), 0).unwrap();
+    assert!(
+        !store.fail_bootstrap("late", "x", 100).unwrap(),
+        "an expired token takes no report"
+    );
+    assert_eq!(store.failed_bootstraps().unwrap().len(), 1);
 }
 
 /// An expired token is refused; the next mint prunes every expired token (by the clock it is

@@ -42,6 +42,17 @@ pub struct TokenRecord {
     pub labels: BTreeMap<String, String>,
     /// The key (`ed25519:...`) that spent the token; only that key is answered again.
     pub spent_by: Option<String>,
+    /// The machine's bootstrap failed before it could join, and said why; the token is burnt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_failure: Option<BootstrapFailure>,
+}
+
+/// A machine's report that its bootstrap failed (a bundle that did not match, a fetch that did
+/// not work), recorded on the token it was handed, by the coordinator's clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BootstrapFailure {
+    pub at_ms: u64,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -346,6 +346,7 @@ mod tests {
     conformance_tests!(
         token_spent_once,
         expired_token_refused_and_pruned_at_next_mint,
+        failed_bootstrap_recorded_once_and_burns_its_token,
         sessions_and_heartbeats,
         events_deduped_by_id,
         states_move_only_forward,
@@ -369,6 +370,7 @@ mod tests {
             name: None,
             labels: Default::default(),
             spent_by: None,
+            bootstrap_failure: None,
         };
         open().add_token("h", &token, 0).unwrap();
         let store = open();

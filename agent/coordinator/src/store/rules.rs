@@ -1,8 +1,8 @@
 //! The intents the coordinator stores, and the rules they follow, written once over any
 //! [`Backend`].
 use super::{
-    Backend, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx, Redeemed, RunRow, SCHEMA_VERSION,
-    Store, StoreError, StoreResult, TokenRecord, WriteTx,
+    Backend, BootstrapFailure, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx, Redeemed,
+    RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
 };
 use fleet_proto::facts::Facts;
 use fleet_proto::fsutil::now_ms;
@@ -101,7 +101,7 @@ impl Store {
             let Some(mut token) = tx.token(hash)? else {
                 return Ok(None);
             };
-            if now_ms >= token.expires_at_ms {
+            if now_ms >= token.expires_at_ms || token.bootstrap_failure.is_some() {
                 return Ok(None);
             }
             match token.spent_by.as_deref() {
@@ -131,13 +131,40 @@ impl Store {
         })
     }
 
-    /// Whether some machine may still be waiting to join (an unexpired, unspent token exists).
+    /// Whether some machine may still be waiting to join (an unexpired, unspent token whose
+    /// bootstrap did not fail exists).
     pub fn has_waiting_token(&self, now_ms: u64) -> StoreResult<bool> {
+        self.read(|tx| Ok(tx.tokens()?.iter().any(|(_, t)| waiting(t, now_ms))))
+    }
+
+    /// Records that the machine handed this token could not bootstrap, and why; the token is
+    /// burnt (never redeemed). Only a token still waiting takes a report, once: false for an
+    /// unknown, expired, spent or already failed token.
+    pub fn fail_bootstrap(&self, hash: &str, reason: &str, now_ms: u64) -> StoreResult<bool> {
+        self.write(|tx| {
+            let Some(mut token) = tx.token(hash)? else {
+                return Ok(false);
+            };
+            if !waiting(&token, now_ms) {
+                return Ok(false);
+            }
+            token.bootstrap_failure = Some(BootstrapFailure {
+                at_ms: now_ms,
+                reason: reason.to_string(),
+            });
+            tx.put_token(hash, &token)?;
+            Ok(true)
+        })
+    }
+
+    /// Every token whose bootstrap failed, with its hash; each stays until it expires.
+    pub fn failed_bootstraps(&self) -> StoreResult<Vec<(String, TokenRecord)>> {
         self.read(|tx| {
             Ok(tx
                 .tokens()?
-                .iter()
-                .any(|(_, t)| t.spent_by.is_none() && now_ms < t.expires_at_ms))
+                .into_iter()
+                .filter(|(_, t)| t.bootstrap_failure.is_some())
+                .collect())
         })
     }
 
@@ -362,6 +389,11 @@ impl Store {
 }
 
 /// A node that sends anything has joined, so a missing record means the store is damaged.
+/// A token a machine may still join with.
+fn waiting(token: &TokenRecord, now_ms: u64) -> bool {
+    token.spent_by.is_none() && token.bootstrap_failure.is_none() && now_ms < token.expires_at_ms
+}
+
 fn known_node<T: ReadTx + ?Sized>(tx: &T, id: &str) -> StoreResult<NodeRecord> {
     tx.node(id)?
         .ok_or_else(|| StoreError::Corrupt(format!("node {id} (missing)")))

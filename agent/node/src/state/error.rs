@@ -25,12 +25,18 @@ pub enum StateError {
     /// The store could not be created.
     #[error("cannot create agent state {path}: {reason}; make the state directory writable")]
     Create { path: PathBuf, reason: String },
-    /// A read or write failed after the store was opened (disk full, I/O error).
+    /// A read or write failed after the store was opened (an I/O error).
     #[error("agent state {path} failed: {source}; check the disk under the state directory")]
     Store {
         path: PathBuf,
         source: Box<redb::Error>,
     },
+    /// The disk holding the store is full: the write did not happen, earlier ones stand.
+    #[error(
+        "agent state {path} cannot be written: no space left on device (the disk holding {}); free space there, the agent carries on by itself once there is room",
+        dir.display()
+    )]
+    NoSpace { path: PathBuf, dir: PathBuf },
     /// A command carries a session generation older than one already seen.
     #[error(
         "command from session generation {got} refused: generation {current} superseded it; reconnect to get a current session"
@@ -42,9 +48,43 @@ pub enum StateError {
 }
 
 impl StateError {
+    /// A redb error on the store at `path`.
+    pub(super) fn store(path: &Path, e: redb::Error) -> StateError {
+        match &e {
+            redb::Error::Io(io) if is_no_space(io) => StateError::NoSpace {
+                path: path.to_path_buf(),
+                dir: path.parent().unwrap_or(path).to_path_buf(),
+            },
+            _ => StateError::Store {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// Whether redb must be closed and reopened before the store is used again: after any I/O
+    /// failure redb refuses every later call ("Previous I/O error occurred").
+    pub(super) fn needs_reopen(&self) -> bool {
+        match self {
+            StateError::NoSpace { .. } => true,
+            StateError::Store { source, .. } => {
+                matches!(**source, redb::Error::Io(_) | redb::Error::PreviousIo)
+            }
+            _ => false,
+        }
+    }
+
     /// Classifies an error from opening an existing file.
     pub(super) fn open(path: &Path, e: redb::DatabaseError) -> StateError {
         use redb::{DatabaseError, StorageError};
+        if let DatabaseError::Storage(StorageError::Io(io)) = &e
+            && is_no_space(io)
+        {
+            return StateError::NoSpace {
+                dir: path.parent().unwrap_or(path).to_path_buf(),
+                path: path.to_path_buf(),
+            };
+        }
         let path = path.to_path_buf();
         let reason = match e {
             DatabaseError::DatabaseAlreadyOpen => return StateError::InUse { path },
@@ -68,6 +108,11 @@ impl StateError {
         };
         StateError::Unreadable { path, reason }
     }
+}
+
+/// ENOSPC, or EDQUOT (a quota is as full as a disk).
+fn is_no_space(io: &std::io::Error) -> bool {
+    io.kind() == std::io::ErrorKind::StorageFull || matches!(io.raw_os_error(), Some(28 | 122))
 }
 
 /// redb's messages start with a capital; ours are lowercase lines.

@@ -4,6 +4,10 @@
 //! reports something after a write never reports what a crash could take back. The store fails closed: a
 //! file it cannot read, or one of another schema version, is an error naming the file, never a fresh store.
 //!
+//! A write that fails on I/O (a full disk) leaves redb unusable until the file is reopened, so the
+//! store closes its database then and reopens it at the next call: once there is room again the
+//! agent works on without a restart, and every transaction committed before is still there.
+//!
 //! The methods block on disk I/O (an fsync per write): call them from `tokio::task::spawn_blocking` in
 //! async code. [`Store`] is `Send + Sync`; share it with an `Arc`.
 
@@ -22,6 +26,7 @@ use redb::{
     Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
 };
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 /// The file name of the store inside the state directory.
 pub const FILE_NAME: &str = "agent.redb";
@@ -36,7 +41,8 @@ const META_SCHEMA: &str = "schema";
 
 /// The node's durable store. Open it once per process: redb locks the file.
 pub struct Store {
-    db: Database,
+    /// None after an I/O failure closed it; reopened by the next call.
+    db: Mutex<Option<Database>>,
     path: PathBuf,
 }
 
@@ -57,9 +63,33 @@ impl Store {
             create(state_dir, &path)?;
         }
         let db = open_existing(&path)?;
-        let store = Store { db, path };
+        let store = Store {
+            db: Mutex::new(Some(db)),
+            path,
+        };
         store.check_schema()?;
         Ok(store)
+    }
+
+    /// Runs `f` on the database, reopening it first when an I/O failure closed it, and closing
+    /// it when `f` fails on I/O (redb refuses every later call until it is reopened).
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StateError>,
+    ) -> Result<T, StateError> {
+        let mut db = self.db.lock().unwrap_or_else(PoisonError::into_inner);
+        if db.is_none() {
+            *db = Some(open_existing(&self.path)?);
+            tracing::info!(path = %self.path.display(), "agent state reopened after an I/O failure");
+        }
+        let result = f(db.as_ref().expect("opened above"));
+        if let Err(e) = &result
+            && e.needs_reopen()
+        {
+            tracing::warn!("{e}");
+            *db = None;
+        }
+        result
     }
 
     /// The path of the store's file.
@@ -68,7 +98,7 @@ impl Store {
     }
 
     fn check_schema(&self) -> Result<(), StateError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let tx = self.with_db(|db| db.begin_read().map_err(|e| self.fail(e)))?;
         let found = match tx.open_table(META) {
             Ok(meta) => meta
                 .get(META_SCHEMA)
@@ -96,11 +126,13 @@ impl Store {
         &self,
         f: impl FnOnce(&WriteTransaction) -> Result<T, StateError>,
     ) -> Result<T, StateError> {
-        let mut tx = self.db.begin_write().map_err(|e| self.fail(e))?;
-        tx.set_durability(Durability::Immediate);
-        let value = f(&tx)?;
-        tx.commit().map_err(|e| self.fail(e))?;
-        Ok(value)
+        self.with_db(|db| {
+            let mut tx = db.begin_write().map_err(|e| self.fail(e))?;
+            tx.set_durability(Durability::Immediate);
+            let value = f(&tx)?;
+            tx.commit().map_err(|e| self.fail(e))?;
+            Ok(value)
+        })
     }
 
     /// Runs `f` in one read transaction.
@@ -108,16 +140,15 @@ impl Store {
         &self,
         f: impl FnOnce(&redb::ReadTransaction) -> Result<T, StateError>,
     ) -> Result<T, StateError> {
-        let tx = self.db.begin_read().map_err(|e| self.fail(e))?;
-        f(&tx)
+        self.with_db(|db| {
+            let tx = db.begin_read().map_err(|e| self.fail(e))?;
+            f(&tx)
+        })
     }
 
-    /// Wraps a redb error with the store's path.
+    /// Wraps a redb error with the store's path; a full disk is named as such.
     fn fail(&self, e: impl Into<redb::Error>) -> StateError {
-        StateError::Store {
-            path: self.path.clone(),
-            source: Box::new(e.into()),
-        }
+        StateError::store(&self.path, e.into())
     }
 
     /// Reads a counter in `META` inside a write transaction, 0 when absent.
