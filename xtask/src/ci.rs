@@ -55,10 +55,10 @@ pub fn run() -> Result<()> {
         "warnings",
     ]))?;
     util::run(Command::new("cargo").args(["build", "--workspace", "--bins"]))?;
-    // The aarch64 supervisor and agent run under qemu-aarch64-static in the suite.
+    // The aarch64 supervisor, agent and oci run under qemu-aarch64-static in the suite.
     cross::build_static(
         "aarch64-unknown-linux-musl",
-        &["fleet-agent", "fleet-run-supervisor"],
+        &["fleet-agent", "fleet-run-supervisor", "oci"],
     )?;
     util::run(Command::new("cargo").args(["test", "--workspace", "--", "--test-threads=4"]))?;
     // Bundles are byte-identical from two checkouts at different paths (two release builds).
