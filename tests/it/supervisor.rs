@@ -542,19 +542,23 @@ fn retention_keeps_exactly_the_newest_n_finished_runs() {
             ("running", "running")
         ]
     );
+    // One marker per finished run kept, oldest first by name. Pruning runs after the waiters are
+    // released, so the last run's supervisor may still be at it when `wait` returns.
+    let markers = || {
+        let mut names: Vec<String> = std::fs::read_dir(s.root.join("finished"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .map(|m| m.split_once('-').unwrap().1.to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let pruned = testkit::agent::wait_until(std::time::Duration::from_secs(10), || {
+        markers() == ["keep-7", "keep-8", "keep-9"]
+    });
+    assert!(pruned, "markers left: {:?}", markers());
     let left: Vec<_> = std::fs::read_dir(s.root.join("runs")).unwrap().collect();
     assert_eq!(left.len(), 5);
-    // One marker per finished run kept, oldest first by name.
-    let mut markers: Vec<String> = std::fs::read_dir(s.root.join("finished"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    markers.sort();
-    let named: Vec<&str> = markers
-        .iter()
-        .map(|m| m.split_once('-').unwrap().1)
-        .collect();
-    assert_eq!(named, ["keep-7", "keep-8", "keep-9"]);
     let mut c = s.cmd();
     c.args(["stop", "--run", "running"]);
     ok(&mut c);
