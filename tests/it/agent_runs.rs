@@ -482,12 +482,15 @@ mod node_commands {
         })
     }
 
-    fn stage(bytes: &[u8]) -> (Digest, Command) {
-        use base64::Engine;
+    /// A stage of `bytes`, put into the node's content store first (what a fetch leaves there).
+    fn stage(dir: &std::path::Path, bytes: &[u8]) -> (Digest, Command) {
         let digest = Digest::parse(&format!("sha256:{}", sha256_hex(bytes))).unwrap();
+        let file = dir.join("program");
+        std::fs::write(&file, bytes).unwrap();
+        let held = fleet_agent::node::content_blobs(&dir.join("state"));
+        assert_eq!(held.import(&file).unwrap().0, digest);
         let command = Command::Stage {
             digest: digest.clone(),
-            program_b64: base64::engine::general_purpose::STANDARD.encode(bytes),
         };
         (digest, command)
     }
@@ -513,7 +516,7 @@ mod node_commands {
         let node = node(dir.path());
         let counter = dir.path().join("count");
         let program = format!("#!/bin/sh\necho run >> {}\n", counter.display());
-        let (digest, stage_cmd) = stage(program.as_bytes());
+        let (digest, stage_cmd) = stage(dir.path(), program.as_bytes());
         assert_eq!(
             node.execute("stage-1", 1, &stage_cmd),
             Ok(Reply::Staged {
@@ -549,6 +552,7 @@ mod node_commands {
         let collect = Command::Collect {
             run_id: "r-a".into(),
             path: "../r-c/x".into(),
+            max_bytes: None,
         };
         let escaped = node.execute("collect-1", 1, &collect);
         assert!(

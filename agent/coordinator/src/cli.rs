@@ -109,9 +109,12 @@ pub struct CollectArgs {
     /// The file, relative to the run's folder
     #[arg(long)]
     pub path: String,
-    /// Where to write it
+    /// Where to write it (atomically: the whole file or nothing)
     #[arg(long)]
     pub out: PathBuf,
+    /// Refuse a file larger than this many bytes (nothing is written at --out)
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
 }
 
 #[derive(Args)]

@@ -24,6 +24,8 @@ pub enum Request {
     Collect {
         run: String,
         path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bytes: Option<u64>,
     },
     Stop {
         run: String,
@@ -57,7 +59,14 @@ pub async fn handle(
     request: Request,
 ) -> Response {
     let result = match request {
-        Request::Collect { run, path } => coordinator.collect(&run, &path).await.map(to_json),
+        Request::Collect {
+            run,
+            path,
+            max_bytes,
+        } => coordinator
+            .collect(&run, &path, max_bytes)
+            .await
+            .map(to_json),
         Request::Stop { run } => coordinator.stop(&run).await.map(to_json),
         request => {
             tokio::task::spawn_blocking(move || answer(&coordinator, address.as_deref(), request))

@@ -2,19 +2,20 @@
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
 use super::store::RunRow;
 use super::{Coordinator, CoordinatorError};
-use base64::Engine;
 use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::protocol::{Answer, Command, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+/// How long a command through a session may take; a collect moves a whole file first.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+const COLLECT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// What to run, and where.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,9 +24,10 @@ pub struct RunRequest {
     pub node: Option<String>,
     #[serde(default)]
     pub all: bool,
-    /// The program to stage and run, as base64; or else `image`.
+    /// The program to stage and run, by digest, already in the coordinator's blob store
+    /// ([`fleet_proto::content::Blobs::import`]); or else `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub program_b64: Option<String>,
+    pub program: Option<Digest>,
     /// An image to run, `HOST/REPO@sha256:HEX` (never a tag), on the node's Docker engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -108,11 +110,11 @@ impl From<RunRow> for RunView {
     }
 }
 
-/// A file collected from a run, as the node sent it.
+/// A file collected from a run: in the blob store under `digest`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Collected {
     pub digest: Digest,
-    pub content_b64: String,
+    pub size: u64,
 }
 
 /// A node answered with a reply of another command: a protocol mismatch between versions.
@@ -164,19 +166,8 @@ impl Coordinator {
     /// Records a set with one waiting run per selected node, and wakes their sessions.
     pub fn create_runs(&self, request: &RunRequest) -> Result<SetView, CoordinatorError> {
         let bad = |m: String| CoordinatorError::Request(m);
-        let (workload, program) = match (&request.program_b64, &request.image) {
-            (Some(program_b64), None) => {
-                let program = B64
-                    .decode(program_b64)
-                    .map_err(|_| bad("the program is not base64".into()))?;
-                let digest = Digest::from_hasher({
-                    use sha2::Digest as _;
-                    let mut hasher = Sha256::new();
-                    hasher.update(&program);
-                    hasher
-                });
-                (Workload::Program(digest), Some(program))
-            }
+        let (workload, program) = match (&request.program, &request.image) {
+            (Some(digest), None) => (Workload::Program(digest.clone()), Some(digest)),
             (None, Some(image)) => {
                 let image = ImageRef::parse(image).map_err(bad)?;
                 (Workload::Image(image.to_string()), None)
@@ -195,6 +186,20 @@ impl Coordinator {
             }
             if !self.live.serving.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(bad("--registry-auth needs a serving coordinator: the credential is kept only in its memory until the node takes the run, never in the store; start `fleet-coordinator serve` first".into()));
+            }
+        }
+        let named = program
+            .map(|d| ("the program".to_string(), d))
+            .into_iter()
+            .chain(
+                (request.options.inputs.iter()).map(|(name, d)| (format!("the input {name}"), d)),
+            );
+        for (what, digest) in named {
+            if !self.blobs.has(digest) {
+                return Err(bad(format!(
+                    "{what} {digest} is not in the blob store {}; pass the file with --program or --input so it is added",
+                    self.blobs.root().display()
+                )));
             }
         }
         let nodes = self.store.nodes()?;
@@ -245,18 +250,13 @@ impl Coordinator {
             Workload::Program(digest) => digest.to_string(),
             Workload::Image(image) => image.clone(),
         };
-        let programs: Vec<(&str, &[u8])> = program
-            .as_deref()
-            .map(|bytes| (what.as_str(), bytes))
-            .into_iter()
-            .collect();
         if let Some(auth) = &request.registry_auth {
             let mut held = self.live.credentials.lock().expect("credentials");
             for run in &runs {
                 held.insert(run.id.clone(), auth.clone());
             }
         }
-        if let Err(e) = self.store.create_set(&set_id, &programs, &runs) {
+        if let Err(e) = self.store.create_set(&set_id, &runs) {
             let mut held = self.live.credentials.lock().expect("credentials");
             for run in &runs {
                 held.remove(&run.id);
@@ -291,21 +291,28 @@ impl Coordinator {
         Ok(rows.into_iter().map(RunView::from).collect())
     }
 
-    /// Fetches a file from a run's folder through its node's live session.
-    pub async fn collect(&self, run: &str, path: &str) -> Result<Collected, CoordinatorError> {
+    /// Has the node upload a file from a run's folder into the blob store (refused past
+    /// `max_bytes`), through its live session.
+    pub async fn collect(
+        &self,
+        run: &str,
+        path: &str,
+        max_bytes: Option<u64>,
+    ) -> Result<Collected, CoordinatorError> {
         let row = self.known_run(run)?;
         let command = Command::Collect {
             run_id: run.to_string(),
             path: path.to_string(),
+            max_bytes,
         };
         match self.call_node(&row, "collect", command).await? {
-            Reply::Collected {
-                digest,
-                content_b64,
-            } => Ok(Collected {
-                digest,
-                content_b64,
-            }),
+            Reply::Collected { digest, size } if self.blobs.has(&digest) => {
+                Ok(Collected { digest, size })
+            }
+            Reply::Collected { digest, .. } => Err(CoordinatorError::Request(format!(
+                "node {} reported {path} uploaded as {digest}, but the blob store has no such blob; collect it again",
+                row.node_id
+            ))),
             other => Err(unexpected(&row, "collect", &other)),
         }
     }
@@ -362,12 +369,17 @@ impl Coordinator {
                 row.node_id
             )));
         };
+        let command_is_collect = matches!(command, Command::Collect { .. });
         let (reply, answer) = oneshot::channel();
         let gone = || {
             CoordinatorError::Request(format!("node {} went away before answering", row.node_id))
         };
         link.send((command, reply)).await.map_err(|_| gone())?;
-        let answer = tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+        let patience = match command_is_collect {
+            true => COLLECT_TIMEOUT,
+            false => CALL_TIMEOUT,
+        };
+        let answer = tokio::time::timeout(patience, answer)
             .await
             .map_err(|_| gone())?
             .map_err(|_| gone())?;

@@ -50,7 +50,7 @@ pub enum AgentError {
 pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentError> {
     let started = Instant::now();
     identity::prepare_state_dir(&config.state)?;
-    let identity = identity::load_or_create(&config.state)?;
+    let identity = Arc::new(identity::load_or_create(&config.state)?);
     let membership = match identity::load_membership(&config.state)? {
         Some(m) => {
             tracing::info!(node_id = %m.node_id, address = %m.address, "resuming the membership; no join needed");
@@ -91,7 +91,15 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
             .await
             .expect("opening the node does not panic")?
     };
-    let node = Arc::new(node);
+    let content = crate::content::ContentLink {
+        address: membership.address.clone(),
+        node_id: membership.node_id.clone(),
+        identity: identity.clone(),
+        pinned: fleet_proto::pin::parse_key_text(&membership.coordinator_key).unwrap_or_default(),
+        validity: config.session.validity,
+        blobs: crate::node::content_blobs(&config.state),
+    };
+    let node = Arc::new(node.with_content(content));
     Ok(session::run(
         &identity,
         &membership,

@@ -1,9 +1,10 @@
 //! The node's work: each command executed against the runtime and recorded in the node's store
 //! before it is answered, so a redelivered command is answered from the record, never redone.
+use crate::content::ContentLink;
 use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started};
 use crate::state::{StateError, Store};
-use base64::Engine;
 use fleet_proto::Digest;
+use fleet_proto::content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, Refusal, RefusalClass, Reply, StartRun};
 use serde_json::json;
 use std::ffi::OsString;
@@ -12,15 +13,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The largest file a collect carries back in one message.
-pub const MAX_COLLECT: u64 = 8 << 20;
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-static STAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static COLLECTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Temporary files of the node under its state folder: programs being staged, inputs, collects.
 pub fn scratch_dir(state: &Path) -> PathBuf {
     state.join("scratch")
+}
+
+/// The node's content by digest (programs, inputs), whole and checked, under its state folder.
+pub fn content_blobs(state: &Path) -> Blobs {
+    Blobs::new(state.join("content"))
 }
 
 /// The node's durable store and its runtime.
@@ -29,6 +31,10 @@ pub struct Node {
     pub runtime: Arc<dyn Runtime>,
     /// Temporary files (programs being staged, inputs, collected files); never secrets.
     scratch: PathBuf,
+    /// Content held whole and checked, by digest.
+    blobs: Blobs,
+    /// How content reaches the node and collected files leave it; None until it has joined.
+    content: Option<ContentLink>,
 }
 
 impl Node {
@@ -40,7 +46,15 @@ impl Node {
             store,
             runtime,
             scratch,
+            blobs: content_blobs(state),
+            content: None,
         })
+    }
+
+    /// The node with its content path to the coordinator.
+    pub fn with_content(mut self, content: ContentLink) -> Node {
+        self.content = Some(content);
+        self
     }
 
     /// Answers one command (blocking). Fenced by `generation`; mutating commands are answered
@@ -65,10 +79,7 @@ impl Node {
             }
         }
         let answer = match command {
-            Command::Stage {
-                digest,
-                program_b64,
-            } => self.stage(digest, program_b64),
+            Command::Stage { digest } => self.stage(digest),
             Command::Start(start) => self.start(op, start),
             Command::Stop { run_id } => self
                 .runtime
@@ -86,7 +97,11 @@ impl Node {
                     report: s.report,
                 })
                 .map_err(refused),
-            Command::Collect { run_id, path } => self.collect(run_id, path),
+            Command::Collect {
+                run_id,
+                path,
+                max_bytes,
+            } => self.collect(run_id, path, max_bytes.unwrap_or(u64::MAX)),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
                 "facts are answered by the session",
@@ -101,34 +116,30 @@ impl Node {
         answer
     }
 
-    fn scratch_file(&self, name: &str) -> Result<PathBuf, String> {
-        std::fs::create_dir_all(&self.scratch)
-            .map_err(|e| format!("cannot create {}: {e}", self.scratch.display()))?;
-        Ok(self.scratch.join(name))
+    /// The checked local copy of `digest`, fetched from the coordinator when not held yet.
+    fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
+        let held = self.blobs.path(digest);
+        if held.is_file() {
+            return Ok(held);
+        }
+        let Some(link) = &self.content else {
+            return Err(Refusal::new(
+                RefusalClass::Other,
+                format!("content {digest}: this node has no content path to a coordinator"),
+            ));
+        };
+        tokio::runtime::Handle::current()
+            .block_on(link.fetch(digest))
+            .map_err(content_refused)
     }
 
-    fn stage(&self, digest: &Digest, program_b64: &str) -> Answer {
-        let other = |m: String| Refusal::new(RefusalClass::Other, m);
-        let Ok(bytes) = B64.decode(program_b64) else {
-            return Err(other(format!("stage {digest}: the program is not base64")));
-        };
-        // Stages run side by side, so each gets a file of its own.
-        let n = STAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let file = self
-            .scratch_file(&format!("stage-{}-{n}", std::process::id()))
-            .map_err(other)?;
-        if let Err(e) = std::fs::write(&file, &bytes) {
-            return Err(other(format!(
-                "stage {digest}: cannot write the program: {e}"
-            )));
-        }
-        let staged = self.runtime.stage(&file);
-        let _ = std::fs::remove_file(&file);
-        match staged {
+    fn stage(&self, digest: &Digest) -> Answer {
+        let file = self.fetch(digest)?;
+        match self.runtime.stage(&file) {
             Ok(got) if got == *digest => Ok(Reply::Staged { digest: got }),
             Ok(got) => Err(Refusal::new(
                 RefusalClass::NotStaged,
-                format!("stage {digest}: the bytes sent hash to {got}; resend the program"),
+                format!("stage {digest}: the fetched program hashes to {got}; stage it again"),
             )),
             Err(e) => Err(refused(e)),
         }
@@ -158,8 +169,9 @@ impl Node {
         }
         let inputs = match self.write_inputs(start) {
             Ok(i) => i,
-            Err(e) => {
-                return self.fail_run(start, Refusal::new(RefusalClass::Other, e));
+            Err(refusal) => {
+                let _ = std::fs::remove_dir_all(self.scratch.join(format!("inputs-{run_id}")));
+                return self.fail_run(start, refusal);
             }
         };
         if let Err(e) = self.store.track_run(run_id, &start.workload) {
@@ -211,42 +223,79 @@ impl Node {
         }
     }
 
-    fn write_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, String> {
+    fn write_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, Refusal> {
+        let other = |m: String| Refusal::new(RefusalClass::Other, m);
+        let run_id = &start.run_id;
         let mut out = Vec::new();
-        for (name, content) in &start.options.inputs {
+        for (name, digest) in &start.options.inputs {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                return Err(format!(
-                    "run {}: input name {name:?} must be a plain file name",
-                    start.run_id
-                ));
+                return Err(other(format!(
+                    "run {run_id}: input name {name:?} must be a plain file name"
+                )));
             }
-            let bytes = B64
-                .decode(content)
-                .map_err(|_| format!("run {}: input {name} is not base64", start.run_id))?;
-            let dir = self.scratch_file(&format!("inputs-{}", start.run_id))?;
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| format!("run {}: cannot write input {name}: {e}", start.run_id))?;
-            let path = dir.join(name);
-            std::fs::write(&path, bytes).map_err(|e| match e.raw_os_error() {
-                Some(28) => format!("run {}: input {name} does not fit on the disk ({e}); free space or send a smaller input", start.run_id),
-                _ => format!("run {}: cannot write input {name}: {e}", start.run_id),
+            let held = self.fetch(digest).map_err(|r| {
+                Refusal::new(
+                    r.class,
+                    format!("run {run_id}: input {name}: {}", r.message),
+                )
             })?;
+            let dir = self.scratch.join(format!("inputs-{run_id}"));
+            let path = dir.join(name);
+            // A copy, so a run that writes its input cannot change the node's checked content.
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::copy(&held, &path))
+                .map_err(|e| match fleet_proto::content::is_no_space(&e) {
+                    true => Refusal::new(RefusalClass::NoSpace, format!("run {run_id}: input {name} does not fit on the disk holding {} ({e}); free space or send a smaller input", dir.display())),
+                    false => other(format!("run {run_id}: cannot write input {name}: {e}")),
+                })?;
             out.push((name.clone(), path));
         }
         Ok(out)
     }
 
-    fn collect(&self, run_id: &str, path: &str) -> Answer {
-        let mut bytes = Vec::new();
-        let collected = self
-            .runtime
-            .collect(run_id, path, MAX_COLLECT, &mut bytes)
-            .map_err(refused)?;
-        Ok(Reply::Collected {
-            digest: collected.digest,
-            content_b64: B64.encode(bytes),
-        })
+    /// Collects the file into a scratch file (bounded by `max_bytes`), then uploads it.
+    fn collect(&self, run_id: &str, path: &str, max_bytes: u64) -> Answer {
+        let other = |m: String| Refusal::new(RefusalClass::Other, m);
+        std::fs::create_dir_all(&self.scratch)
+            .map_err(|e| other(format!("cannot create {}: {e}", self.scratch.display())))?;
+        let n = COLLECTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = self
+            .scratch
+            .join(format!("collect-{}-{n}", std::process::id()));
+        let result = (|| {
+            let mut sink = std::fs::File::create(&file)
+                .map_err(|e| other(format!("cannot write {}: {e}", file.display())))?;
+            let collected = self
+                .runtime
+                .collect(run_id, path, max_bytes, &mut sink)
+                .map_err(refused)?;
+            drop(sink);
+            let Some(link) = &self.content else {
+                return Err(other(format!(
+                    "run {run_id}: collect {path}: this node has no content path to a coordinator"
+                )));
+            };
+            tokio::runtime::Handle::current()
+                .block_on(link.upload(&file, &collected.digest, collected.size))
+                .map_err(content_refused)?;
+            Ok(Reply::Collected {
+                digest: collected.digest,
+                size: collected.size,
+            })
+        })();
+        let _ = std::fs::remove_file(&file);
+        result
     }
+}
+
+/// A content error as the refusal the coordinator reads.
+fn content_refused(e: ContentError) -> Refusal {
+    let class = match &e {
+        ContentError::NoSpace { .. } => RefusalClass::NoSpace,
+        ContentError::Mismatch { .. } => RefusalClass::NotStaged,
+        _ => RefusalClass::Other,
+    };
+    Refusal::new(class, e)
 }
 
 /// A runtime error as the refusal the coordinator reads.

@@ -27,6 +27,20 @@ pub enum Up {
     Hello {
         node_id: String,
     },
+    /// The first message of a content connection: send the content of `digest` from byte
+    /// `offset` (what the node already holds of it), as raw bytes after [`Down::Content`].
+    Fetch {
+        node_id: String,
+        digest: Digest,
+        offset: u64,
+    },
+    /// The first message of an upload: `size` raw bytes of `digest` follow; the coordinator
+    /// answers [`Down::Stored`] once they are checked and in its blob store.
+    Upload {
+        node_id: String,
+        digest: Digest,
+        size: u64,
+    },
     Facts {
         facts: Facts,
     },
@@ -69,6 +83,19 @@ pub enum Down {
     Ack {
         up_to: u64,
     },
+    /// On a content connection: the content is `size` bytes in all, and the bytes from the
+    /// asked offset follow raw.
+    Content {
+        size: u64,
+    },
+    /// On an upload connection: the bytes landed, checked, under their digest.
+    Stored {
+        digest: Digest,
+    },
+    /// A content connection refused, in one line.
+    ContentRefused {
+        message: String,
+    },
 }
 
 /// What the coordinator asks of a node.
@@ -76,10 +103,9 @@ pub enum Down {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Command {
-    /// Stage a program by digest, carrying its bytes.
+    /// Stage a program by digest; the node fetches the bytes it lacks on a content connection.
     Stage {
         digest: Digest,
-        program_b64: String,
     },
     Start(StartRun),
     Stop {
@@ -88,10 +114,13 @@ pub enum Command {
     Status {
         run_id: String,
     },
-    /// Read a file from a run's folder.
+    /// Upload a file from a run's folder to the coordinator's blob store, refused past
+    /// `max_bytes` when given.
     Collect {
         run_id: String,
         path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bytes: Option<u64>,
     },
     Facts,
 }
@@ -141,9 +170,10 @@ pub enum Reply {
         state: RunState,
         report: RunReport,
     },
+    /// The file is in the coordinator's blob store under `digest`.
     Collected {
         digest: Digest,
-        content_b64: String,
+        size: u64,
     },
     FactsSent,
 }
