@@ -541,11 +541,12 @@ mod node_commands {
         );
         // An unknown program digest.
         let unknown = Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap();
-        // The wording past this prefix is the runtime's and the supervisor's.
         let unstaged = node.execute("start-c", 1, &start("r-c", &unknown));
-        assert!(
-            error(&unstaged).starts_with(&format!("run r-c: program {unknown} is not staged")),
-            "{unstaged:?}"
+        assert_eq!(
+            error(&unstaged),
+            format!(
+                "run r-c: content {unknown}: this node holds no copy and has no content path to a coordinator"
+            ),
         );
         assert_eq!(unstaged.unwrap_err().class, RefusalClass::NotStaged);
         // A collect path that escapes the run folder.

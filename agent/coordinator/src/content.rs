@@ -55,8 +55,8 @@ impl Coordinator {
         protocol::write_msg(stream, &Down::Content { size })
             .await
             .map_err(|e| e.to_string())?;
-        let mut ignored = Sha256::default();
-        let streamed = content::stream_exact(&mut file, stream, size - offset, &mut ignored).await;
+        // The node checks what it receives: no hash here.
+        let streamed = content::stream_exact(&mut file, stream, size - offset, None).await;
         let sent = match streamed {
             Streamed::Done => size - offset,
             Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
@@ -89,7 +89,7 @@ impl Coordinator {
                 .await
                 .map_err(|e| blob_disk(&self.blobs, e))?;
             let mut hasher = Sha256::default();
-            let streamed = content::stream_exact(stream, &mut file, size, &mut hasher).await;
+            let streamed = content::stream_exact(stream, &mut file, size, Some(&mut hasher)).await;
             drop(file);
             match streamed {
                 Streamed::Done => {}

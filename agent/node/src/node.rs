@@ -6,6 +6,7 @@ use crate::state::{StateError, Store};
 use fleet_proto::Digest;
 use fleet_proto::content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, Refusal, RefusalClass, Reply, StartRun};
+use fleet_proto::run::Workload;
 use serde_json::json;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
@@ -35,6 +36,8 @@ pub struct Node {
     blobs: Blobs,
     /// How content reaches the node and collected files leave it; None until it has joined.
     content: Option<ContentLink>,
+    /// A lock per digest being fetched.
+    fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::Mutex<()>>>>,
 }
 
 impl Node {
@@ -48,6 +51,7 @@ impl Node {
             scratch,
             blobs: content_blobs(state),
             content: None,
+            fetching: Default::default(),
         })
     }
 
@@ -118,14 +122,22 @@ impl Node {
 
     /// The checked local copy of `digest`, fetched from the coordinator when not held yet.
     fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
+        // One fetch per digest at a time: fetches of one digest share its partial file.
+        let lock = (self.fetching.lock().expect("fetch locks"))
+            .entry(digest.hex().to_string())
+            .or_default()
+            .clone();
+        let _one = lock.lock().expect("a fetch lock");
         let held = self.blobs.path(digest);
         if held.is_file() {
             return Ok(held);
         }
         let Some(link) = &self.content else {
             return Err(Refusal::new(
-                RefusalClass::Other,
-                format!("content {digest}: this node has no content path to a coordinator"),
+                RefusalClass::NotStaged,
+                format!(
+                    "content {digest}: this node holds no copy and has no content path to a coordinator"
+                ),
             ));
         };
         tokio::runtime::Handle::current()
@@ -167,12 +179,18 @@ impl Node {
             }
             Err(e) => return Err(store_failed(e)),
         }
-        let inputs = match self.write_inputs(start) {
+        // A program this node does not hold (its stage failed, or never came) is fetched and
+        // staged now, so a run that cannot be delivered fails its own row saying why.
+        if let Workload::Program(digest) = &start.workload
+            && !self.blobs.has(digest)
+            && let Err(r) = self.stage(digest)
+        {
+            let refusal = Refusal::new(r.class, format!("run {run_id}: {}", r.message));
+            return self.fail_run(start, refusal);
+        }
+        let inputs = match self.fetch_inputs(start) {
             Ok(i) => i,
-            Err(refusal) => {
-                let _ = std::fs::remove_dir_all(self.scratch.join(format!("inputs-{run_id}")));
-                return self.fail_run(start, refusal);
-            }
+            Err(refusal) => return self.fail_run(start, refusal),
         };
         if let Err(e) = self.store.track_run(run_id, &start.workload) {
             return Err(store_failed(e));
@@ -194,11 +212,7 @@ impl Node {
             resources: start.options.resources.clone(),
             registry_auth: start.registry_auth.clone(),
         };
-        let started = self.runtime.start(&spec);
-        if let Some(dir) = spec.inputs.first().and_then(|(_, p)| p.parent()) {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        match started {
+        match self.runtime.start(&spec) {
             Ok(started) => Ok(Reply::Started {
                 run_id: run_id.clone(),
                 already: started == Started::Already,
@@ -223,15 +237,17 @@ impl Node {
         }
     }
 
-    fn write_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, Refusal> {
-        let other = |m: String| Refusal::new(RefusalClass::Other, m);
+    /// The inputs as (name, the node's checked copy), fetched when not held yet. The runtime
+    /// copies each into the run, so a run never changes the node's content.
+    fn fetch_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, Refusal> {
         let run_id = &start.run_id;
         let mut out = Vec::new();
         for (name, digest) in &start.options.inputs {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                return Err(other(format!(
-                    "run {run_id}: input name {name:?} must be a plain file name"
-                )));
+                return Err(Refusal::new(
+                    RefusalClass::Other,
+                    format!("run {run_id}: input name {name:?} must be a plain file name"),
+                ));
             }
             let held = self.fetch(digest).map_err(|r| {
                 Refusal::new(
@@ -239,16 +255,7 @@ impl Node {
                     format!("run {run_id}: input {name}: {}", r.message),
                 )
             })?;
-            let dir = self.scratch.join(format!("inputs-{run_id}"));
-            let path = dir.join(name);
-            // A copy, so a run that writes its input cannot change the node's checked content.
-            std::fs::create_dir_all(&dir)
-                .and_then(|()| std::fs::copy(&held, &path))
-                .map_err(|e| match fleet_proto::content::is_no_space(&e) {
-                    true => Refusal::new(RefusalClass::NoSpace, format!("run {run_id}: input {name} does not fit on the disk holding {} ({e}); free space or send a smaller input", dir.display())),
-                    false => other(format!("run {run_id}: cannot write input {name}: {e}")),
-                })?;
-            out.push((name.clone(), path));
+            out.push((name.clone(), held));
         }
         Ok(out)
     }

@@ -236,12 +236,13 @@ pub enum Streamed {
     Write { got: u64, cause: io::Error },
 }
 
-/// Moves exactly `want` bytes from `from` to `to`, hashing each as it passes.
+/// Moves exactly `want` bytes from `from` to `to`, hashing each as it passes when given a
+/// hasher.
 pub async fn stream_exact<R, W>(
     from: &mut R,
     to: &mut W,
     want: u64,
-    hasher: &mut Sha256,
+    mut hasher: Option<&mut Sha256>,
 ) -> Streamed
 where
     R: AsyncRead + Unpin,
@@ -266,7 +267,9 @@ where
                 };
             }
         };
-        hasher.update(&buf[..n]);
+        if let Some(hasher) = hasher.as_deref_mut() {
+            hasher.update(&buf[..n]);
+        }
         if let Err(cause) = to.write_all(&buf[..n]).await {
             return Streamed::Write { got, cause };
         }

@@ -1,0 +1,479 @@
+//! Tests: content. Programs, inputs and collected files of any size move by digest on the
+//! content path beside the session: real coordinator, agent and supervisor processes on
+//! loopback. Bytes on the wire are counted from the coordinator's own `content sent` lines.
+//!
+//! Sizes: `CONTENT_TEST_MIB` (default 256) sets the large program, input and collect; the
+//! issue's sizes are `CONTENT_TEST_MIB=2048` (a 2 GiB program and collect, a 1 GiB input).
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use testkit::agent::{Agent, Coordinator, script, wait_until};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn size() -> u64 {
+    let mib: u64 = std::env::var("CONTENT_TEST_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    mib << 20
+}
+
+/// A coordinator and one joined agent, optionally reaching it through `address`.
+struct Fleet {
+    dir: tempfile::TempDir,
+    coord: Coordinator,
+    agent: Option<Agent>,
+    starts: usize,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        Fleet::through(|_| None)
+    }
+
+    /// A fleet whose join file names the address `route` gives for the coordinator's (a proxy).
+    fn through(route: impl FnOnce(&str) -> Option<String>) -> Fleet {
+        let dir = testkit::tempdir();
+        let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+        let mut args = vec!["--name".to_string(), "worker".to_string()];
+        if let Some(address) = route(&coord.addr) {
+            args.extend(["--address".to_string(), address]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        std::fs::write(dir.path().join("fleet.json"), coord.token(&args)).unwrap();
+        let mut fleet = Fleet {
+            dir,
+            coord,
+            agent: None,
+            starts: 0,
+        };
+        fleet.start_agent();
+        fleet
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn start_agent(&mut self) {
+        self.starts += 1;
+        let log = self.path(&format!("agent-{}.log", self.starts));
+        let mut cmd = testkit::cmd("fleet-agent");
+        cmd.arg("--join-file")
+            .arg(self.path("fleet.json"))
+            .arg("--state")
+            .arg(self.path("state"))
+            .arg("--run-store")
+            .arg(self.path("runs"))
+            .arg("--cloud-root")
+            .arg(self.path("cloud"))
+            .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
+            .args(["--retry-base", "50ms"]);
+        let agent = Agent::spawn(&log, cmd);
+        assert!(
+            agent.wait_for("session open", 1, WAIT),
+            "log: {}",
+            agent.log_text()
+        );
+        self.agent = Some(agent);
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            agent.kill();
+        }
+    }
+
+    /// `coordinator run --all --program FILE EXTRA`; returns the set id.
+    fn run(&self, program: &Path, extra: &[&str]) -> String {
+        let out = testkit::ok(
+            self.coord
+                .command()
+                .args(["run", "--all", "--timeout", "100s", "--program"])
+                .arg(program)
+                .args(extra),
+        );
+        out.trim().to_string()
+    }
+
+    fn row(&self, set: &str) -> Value {
+        let out = testkit::ok(
+            self.coord
+                .command()
+                .args(["status", "--set", set, "--json"]),
+        );
+        serde_json::from_str::<Value>(&out).unwrap()[0].clone()
+    }
+
+    /// Waits for the set's single row to be final; returns it.
+    fn final_row(&self, set: &str) -> Value {
+        let mut last = Value::Null;
+        let ok = wait_until(WAIT, || {
+            last = self.row(set);
+            matches!(last["state"].as_str(), Some("finished" | "failed" | "lost"))
+        });
+        assert!(ok, "the row never ended: {last:#}");
+        last
+    }
+
+    /// `(offset, bytes)` of each `content sent` line for `digest` in the coordinator's log.
+    fn sent(&self, digest: &str) -> Vec<(u64, u64)> {
+        let field = |line: &str, name: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {line}"))
+        };
+        self.coord
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("content sent") && l.contains(digest))
+            .map(|l| (field(l, "offset="), field(l, "bytes=")))
+            .collect()
+    }
+
+    /// How many sessions the coordinator opened.
+    fn sessions(&self) -> usize {
+        self.coord.log_text().matches("session open").count()
+    }
+
+    fn collect(&self, run: &str, path: &str, out: &Path, extra: &[&str]) -> std::process::Output {
+        self.coord
+            .command()
+            .args(["collect", "--run", run, "--path", path, "--out"])
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    }
+}
+
+/// Writes `size` incompressible bytes after `head` (a shell script that exits before them),
+/// generated on the fly, one buffer at a time.
+fn large_file(path: &Path, head: &str, size: u64) -> PathBuf {
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    file.write_all(head.as_bytes()).unwrap();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ size;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = size - head.len() as u64;
+    while left > 0 {
+        for chunk in buf.chunks_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        file.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+    file.flush().unwrap();
+    drop(file);
+    let mut perms = std::fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(path, perms).unwrap();
+    path.to_path_buf()
+}
+
+fn sha256(path: &Path) -> String {
+    let out = testkit::ok(std::process::Command::new("sha256sum").arg(path));
+    format!("sha256:{}", out.split_whitespace().next().unwrap())
+}
+
+/// Nothing under `dir` (recursively) is a file.
+fn no_files(dir: &Path) -> bool {
+    testkit::agent::files_under(dir).is_empty()
+}
+
+#[test]
+fn a_large_program_is_staged_by_digest_and_a_second_run_sends_nothing() {
+    let fleet = Fleet::new();
+    let size = size();
+    let program = large_file(&fleet.path("big.sh"), "#!/bin/sh\necho ran\nexit 0\n", size);
+    let digest = sha256(&program);
+    let first = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(first["state"], "finished", "{first:#}");
+    assert_eq!(fleet.sent(&digest), [(0, size)], "sent once, whole");
+    // The coordinator keeps it as a blob on disk, not in its database.
+    let blob = fleet.path("coord/blobs/sha256").join(&digest[7..]);
+    assert_eq!(std::fs::metadata(&blob).unwrap().len(), size);
+    assert!(
+        std::fs::metadata(fleet.path("coord/coordinator.redb"))
+            .unwrap()
+            .len()
+            < size / 4
+    );
+
+    let second = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(second["state"], "finished", "{second:#}");
+    assert_eq!(
+        fleet.sent(&digest),
+        [(0, size)],
+        "the second run sent 0 bytes"
+    );
+    assert_eq!(
+        fleet.sessions(),
+        1,
+        "no run cost the node its session: {}",
+        fleet.coord.log_text()
+    );
+}
+
+#[test]
+fn a_large_input_reaches_the_run_checked() {
+    let fleet = Fleet::new();
+    let input = large_file(&fleet.path("input.bin"), "", size() / 2);
+    let digest = sha256(&input);
+    let program = script(&fleet.path("hash.sh"), "sha256sum data > seen.txt");
+    let set = fleet.run(&program, &["--input", &format!("data={}", input.display())]);
+    let row = fleet.final_row(&set);
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert_eq!(fleet.sent(&digest), [(0, size() / 2)]);
+    let out = fleet.path("seen.txt");
+    let run = row["run_id"].as_str().unwrap();
+    let collected = fleet.collect(run, "seen.txt", &out, &[]);
+    assert!(collected.status.success(), "{collected:?}");
+    let seen = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(seen.split_whitespace().next().unwrap(), &digest[7..]);
+}
+
+#[test]
+fn a_large_collect_streams_and_max_bytes_refuses_with_nothing_at_out() {
+    let fleet = Fleet::new();
+    let size = size();
+    let program = script(
+        &fleet.path("make.sh"),
+        &format!("head -c {size} /dev/urandom > big.bin"),
+    );
+    let row = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(row["state"], "finished", "{row:#}");
+    let run = row["run_id"].as_str().unwrap();
+
+    let out = fleet.path("big.out");
+    let below = (size - 1).to_string();
+    let refused = fleet.collect(run, "big.bin", &out, &["--max-bytes", &below]);
+    assert!(!refused.status.success());
+    let line = String::from_utf8_lossy(&refused.stderr);
+    let line = line.lines().last().unwrap_or_default();
+    assert_eq!(
+        line,
+        format!(
+            "fleet-coordinator: run {run}: big.bin is {size} bytes, over the {below} byte limit; raise --max-bytes or collect a smaller file"
+        )
+    );
+    assert!(!out.exists(), "nothing at --out");
+
+    let above = (size + 1).to_string();
+    let done = fleet.collect(run, "big.bin", &out, &["--max-bytes", &above]);
+    assert!(done.status.success(), "{done:?}");
+    let printed = String::from_utf8(done.stdout).unwrap();
+    assert_eq!(printed.trim(), sha256(&out));
+    assert_eq!(std::fs::metadata(&out).unwrap().len(), size);
+    assert!(
+        no_files(&fleet.path("coord/blobs/tmp")),
+        "no temporary upload left"
+    );
+    let received: Vec<String> = (fleet.coord.log_text().lines())
+        .filter(|l| l.contains("content received"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(received.len(), 1, "uploaded once: {received:?}");
+    assert!(
+        received[0].contains(&format!("digest={}", printed.trim()))
+            && received[0].contains(&format!("bytes={size}")),
+        "{received:?}"
+    );
+}
+
+/// A TCP proxy that cuts, once, the first connection that carries more than `cut_after` bytes
+/// towards the agent; every other connection it relays whole.
+struct CuttingProxy {
+    addr: String,
+    cut: Arc<AtomicBool>,
+}
+
+impl CuttingProxy {
+    fn start(target: &str, cut_after: u64) -> CuttingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (target, flag) = (target.to_string(), cut.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let flag = flag.clone();
+                std::thread::spawn(move || relay(client, server, cut_after, flag));
+            }
+        });
+        CuttingProxy { addr, cut }
+    }
+}
+
+fn relay(client: TcpStream, server: TcpStream, cut_after: u64, cut: Arc<AtomicBool>) {
+    let (mut up_from, mut up_to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut up_from, &mut up_to);
+        let _ = up_to.shutdown(Shutdown::Write);
+    });
+    let (mut from, mut to) = (server, client);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut moved = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        moved += n as u64;
+        if moved > cut_after && !cut.swap(true, Ordering::SeqCst) {
+            let _ = to.shutdown(Shutdown::Both);
+            let _ = from.shutdown(Shutdown::Both);
+            return;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+#[test]
+fn a_transfer_cut_halfway_resumes_from_where_it_stopped() {
+    let size = size();
+    let mut proxy = None;
+    let fleet = Fleet::through(|coord| {
+        let started = CuttingProxy::start(coord, size / 2);
+        let addr = started.addr.clone();
+        proxy = Some(started);
+        Some(addr)
+    });
+    let proxy = proxy.unwrap();
+    let program = large_file(&fleet.path("big.sh"), "#!/bin/sh\nexit 0\n", size);
+    let digest = sha256(&program);
+    let row = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert!(proxy.cut.load(Ordering::SeqCst), "the proxy cut a transfer");
+    let sent = fleet.sent(&digest);
+    assert_eq!(sent.len(), 2, "one cut fetch, one resumed: {sent:?}");
+    let (resumed_at, rest) = sent[1];
+    assert!(
+        resumed_at >= size / 4,
+        "resumed from where it stopped, not from 0: {sent:?}"
+    );
+    assert_eq!(resumed_at + rest, size, "{sent:?}");
+    let total: u64 = sent.iter().map(|(_, b)| b).sum();
+    assert!(total < size + size / 4, "not started over: {sent:?}");
+    assert_eq!(fleet.sessions(), 1, "the session was not touched");
+}
+
+#[test]
+fn content_corrupted_on_the_coordinators_disk_is_refused_and_removed_on_the_node() {
+    let mut fleet = Fleet::new();
+    fleet.kill_agent();
+    let program = large_file(&fleet.path("prog.sh"), "#!/bin/sh\nexit 0\n", 4 << 20);
+    let digest = sha256(&program);
+    let set = fleet.run(&program, &[]);
+    // One byte changed in the coordinator's blob, same length, before the node fetches it.
+    let blob = fleet.path("coord/blobs/sha256").join(&digest[7..]);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    fleet.start_agent();
+    let sessions = fleet.sessions();
+    let row = fleet.final_row(&set);
+    assert_eq!(row["state"], "failed", "{row:#}");
+    let (run, error) = (
+        row["run_id"].as_str().unwrap(),
+        row["error"].as_str().unwrap(),
+    );
+    assert!(
+        error.starts_with(&format!(
+            "run {run}: content {digest}: the bytes received hash to sha256:"
+        )),
+        "{error}"
+    );
+    assert!(
+        error.ends_with(
+            "; removed them, so the next try fetches it whole (check the sender's copy)"
+        ),
+        "{error}"
+    );
+    assert!(no_files(&fleet.path("state/content")), "nothing kept");
+    // The node goes on: a good program runs in the same session.
+    let good = script(&fleet.path("good.sh"), "exit 0");
+    let next = fleet.final_row(&fleet.run(&good, &[]));
+    assert_eq!(next["state"], "finished", "{next:#}");
+    assert_eq!(fleet.sessions(), sessions, "the session stayed");
+}
+
+/// A small tmpfs mounted for the test's duration (we are root on the test machine).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        testkit::ok(
+            std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(at),
+        );
+        Tmpfs(at.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        testkit::ok(
+            std::process::Command::new("mount")
+                .args(["-o", &format!("remount,size={size}")])
+                .arg(&self.0),
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_disk_that_fills_mid_transfer_is_named_and_the_node_goes_on_once_space_returns() {
+    let mut fleet = Fleet::new();
+    fleet.kill_agent();
+    let content = fleet.path("state/content");
+    let disk = Tmpfs::mount(&content, "16m");
+    fleet.start_agent();
+    let sessions = fleet.sessions();
+    let program = large_file(&fleet.path("prog.sh"), "#!/bin/sh\nexit 0\n", 32 << 20);
+    let digest = sha256(&program);
+    let row = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(row["state"], "failed", "{row:#}");
+    let (run, error) = (
+        row["run_id"].as_str().unwrap(),
+        row["error"].as_str().unwrap(),
+    );
+    assert!(
+        error.starts_with(&format!(
+            "run {run}: content {digest}: the disk holding {} is full (",
+            content.display()
+        )) && error.ends_with("); removed the partial content, free space there and run it again"),
+        "{error}"
+    );
+    assert!(no_files(&content), "the partial content is removed");
+    assert_eq!(fleet.sessions(), sessions, "the session stayed");
+    disk.resize("64m");
+    let again = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(again["state"], "finished", "{again:#}");
+    assert_eq!(fleet.sessions(), sessions);
+    fleet.kill_agent();
+}
