@@ -185,6 +185,21 @@ fn sha256(path: &Path) -> String {
     format!("sha256:{}", out.split_whitespace().next().unwrap())
 }
 
+/// A process's peak resident memory (VmHWM), in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib >> 10
+}
+
+/// Peak memory of both sides stays under this while moving content of any size.
+const FLAT_MIB: u64 = 64;
+
 /// Nothing under `dir` (recursively) is a file.
 fn no_files(dir: &Path) -> bool {
     testkit::agent::files_under(dir).is_empty()
@@ -221,6 +236,13 @@ fn a_large_program_is_staged_by_digest_and_a_second_run_sends_nothing() {
         1,
         "no run cost the node its session: {}",
         fleet.coord.log_text()
+    );
+    let agent = fleet.agent.as_ref().unwrap().pid();
+    let (coord_mib, agent_mib) = (peak_rss_mib(fleet.coord.pid()), peak_rss_mib(agent));
+    eprintln!("peak RSS moving {size} bytes: coordinator {coord_mib} MiB, agent {agent_mib} MiB");
+    assert!(
+        coord_mib < FLAT_MIB && agent_mib < FLAT_MIB,
+        "memory flat in the size: coordinator {coord_mib} MiB, agent {agent_mib} MiB"
     );
 }
 
