@@ -72,6 +72,8 @@ impl Fleet {
             .arg(self.path("runs"))
             .arg("--cloud-root")
             .arg(self.path("cloud"))
+            .arg("--artifact-root")
+            .arg(self.path("artifacts"))
             .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
             .args(["--retry-base", "50ms"]);
         let agent = Agent::spawn(&log, cmd);
@@ -498,4 +500,201 @@ fn a_disk_that_fills_mid_transfer_is_named_and_the_node_goes_on_once_space_retur
     assert_eq!(again["state"], "finished", "{again:#}");
     assert_eq!(fleet.sessions(), sessions);
     fleet.kill_agent();
+}
+
+/// `replicate ARGS` through the serving coordinator: its JSON on success, else its last line.
+fn replicate(fleet: &Fleet, args: &[&str]) -> Result<Value, String> {
+    let out = fleet
+        .coord
+        .command()
+        .args(["replicate", "--node", "worker"])
+        .args(args)
+        .output()
+        .unwrap();
+    match out.status.success() {
+        true => Ok(serde_json::from_slice(&out.stdout).unwrap()),
+        false => Err(String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string()),
+    }
+}
+
+#[test]
+fn an_artifact_is_replicated_with_a_one_time_ticket_timed_and_published_as_the_link() {
+    let fleet = Fleet::new();
+    let size = size() / 4;
+    let artifact = large_file(&fleet.path("model.bin"), "", size);
+    let digest = sha256(&artifact);
+    let copy = replicate(&fleet, &["--file", artifact.to_str().unwrap()]).unwrap();
+    assert_eq!(copy["digest"], digest.as_str());
+    assert_eq!(copy["size"], size);
+    let rate = copy["bytes_per_s"].as_u64().unwrap();
+    assert!(rate > 0, "{copy}");
+    let landed = fleet.path("artifacts/sha256").join(&digest[7..]);
+    assert_eq!(sha256(&landed), digest, "checked and in the artifact root");
+    assert_eq!(fleet.sent(&digest), [(0, size)]);
+    // The node publishes the slowest whole copy as its measured link.
+    let nodes = fleet.coord.nodes();
+    let link = &nodes[0]["facts"]["measured_link"];
+    assert_eq!(link["bytes_per_s"], rate, "{link}");
+    assert_eq!(link["confidence"], 0.9);
+    assert_eq!(link["basis"], "whole_copy");
+    assert!(link["valid_for_ms"].as_u64().unwrap() > 3_500_000, "{link}");
+    // Again: the node holds it, nothing moves.
+    let again = replicate(&fleet, &["--file", artifact.to_str().unwrap()]).unwrap();
+    assert_eq!(again["copy_ms"], 0);
+    assert_eq!(fleet.sent(&digest), [(0, size)]);
+}
+
+#[test]
+fn a_ticket_reads_once_for_its_node_and_content_until_it_expires() {
+    use fleet_coordinator::runs::Ticket;
+    use fleet_coordinator::{Coordinator, StoreLocation};
+    let dir = testkit::tempdir();
+    let coordinator = Coordinator::open(dir.path(), &StoreLocation::Embedded).unwrap();
+    let digest = fleet_proto::Digest::of_reader(&b"artifact"[..]).unwrap();
+    let other = fleet_proto::Digest::of_reader(&b"other"[..]).unwrap();
+    let mint = |name: &str, valid: Duration| {
+        let ticket = Ticket {
+            node_id: "n-1".into(),
+            digest: digest.clone(),
+            until: std::time::Instant::now() + valid,
+        };
+        (coordinator.live.tickets.lock().unwrap()).insert(name.into(), ticket);
+    };
+    mint("t1", Duration::from_secs(60));
+    assert_eq!(coordinator.spend_ticket("t1", "n-1", &digest), Ok(()));
+    assert_eq!(
+        coordinator.spend_ticket("t1", "n-1", &digest),
+        Err(format!(
+            "the ticket for {digest} is spent or unknown: a ticket reads once; mint a new one"
+        ))
+    );
+    mint("t2", Duration::ZERO);
+    assert_eq!(
+        coordinator.spend_ticket("t2", "n-1", &digest),
+        Err(format!("the ticket for {digest} expired; mint a new one"))
+    );
+    mint("t3", Duration::from_secs(60));
+    assert_eq!(
+        coordinator.spend_ticket("t3", "n-1", &other),
+        Err(format!(
+            "the ticket was minted for another node or content than {other}; mint one for this fetch"
+        ))
+    );
+}
+
+/// A small HTTP server for one file, as an object store serves a presigned URL: `GET /art`
+/// (honouring `Range: bytes=N-`), 403 for any other path; counts the requests it answered.
+struct FileServer {
+    addr: String,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FileServer {
+    fn start(file: PathBuf) -> FileServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                counted.fetch_add(1, Ordering::SeqCst);
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                if !head.starts_with("GET /art ") {
+                    let _ =
+                        stream.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+                    continue;
+                }
+                let size = std::fs::metadata(&file).unwrap().len();
+                let from: u64 = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Range: bytes="))
+                    .and_then(|r| r.trim_end_matches('-').parse().ok())
+                    .unwrap_or(0);
+                let status = match from {
+                    0 => format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n"),
+                    _ => format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {from}-{}/{size}\r\n\r\n",
+                        size - from,
+                        size - 1
+                    ),
+                };
+                let mut body = std::fs::File::open(&file).unwrap();
+                std::io::Seek::seek(&mut body, std::io::SeekFrom::Start(from)).unwrap();
+                let _ = stream.write_all(status.as_bytes());
+                let _ = std::io::copy(&mut body, &mut stream);
+            }
+        });
+        FileServer { addr, requests }
+    }
+}
+
+#[test]
+fn an_artifact_from_an_expiring_url_is_fetched_checked_and_timed_and_refused_once_expired() {
+    let fleet = Fleet::new();
+    let size = size() / 4;
+    let artifact = large_file(&fleet.path("data.bin"), "", size);
+    let digest = sha256(&artifact);
+    let server = FileServer::start(artifact.clone());
+    let url = format!("http://{}/art", server.addr);
+    // Expired before the node takes it up: refused by the node, the URL never asked.
+    let expired = replicate(
+        &fleet,
+        &["--digest", &digest, "--url", &url, "--expires-in", "0s"],
+    );
+    assert_eq!(
+        expired.unwrap_err(),
+        format!(
+            "fleet-coordinator: content {digest}: its URL read expired before the copy began; mint a new one"
+        )
+    );
+    assert_eq!(server.requests.load(Ordering::SeqCst), 0);
+    // A URL the store no longer honours (its own expiry): its status, in the node's words.
+    let stale = format!("http://{}/expired", server.addr);
+    let refused = replicate(
+        &fleet,
+        &["--digest", &digest, "--url", &stale, "--expires-in", "1m"],
+    );
+    assert_eq!(
+        refused.unwrap_err(),
+        format!(
+            "fleet-coordinator: content {digest}: the URL answered HTTP 403; the read may be expired or wrong, mint a new one"
+        )
+    );
+    let copy = replicate(
+        &fleet,
+        &["--digest", &digest, "--url", &url, "--expires-in", "1m"],
+    )
+    .unwrap();
+    assert_eq!(copy["size"], size);
+    assert!(copy["bytes_per_s"].as_u64().unwrap() > 0, "{copy}");
+    let landed = fleet.path("artifacts/sha256").join(&digest[7..]);
+    assert_eq!(sha256(&landed), digest);
+    assert_eq!(server.requests.load(Ordering::SeqCst), 2);
+    assert!(
+        !fleet.coord.log_text().contains(&url),
+        "the URL (a credential) is never logged"
+    );
+}
+
+#[test]
+fn a_command_with_no_minted_read_is_refused_in_the_nodes_words() {
+    let fleet = Fleet::new();
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    assert_eq!(
+        replicate(&fleet, &["--digest", &digest]).unwrap_err(),
+        format!(
+            "fleet-coordinator: artifact {digest}: the command carries no minted read (a coordinator ticket or an expiring URL), and this node holds no standing credential to any store; mint a read for this one fetch"
+        )
+    );
+    assert!(no_files(&fleet.path("artifacts")));
 }

@@ -79,6 +79,37 @@ fn run_coordinator(args: Cli) -> Result<()> {
                 .with_context(|| format!("cannot write {}", c.out.display()))?;
             println!("{}", answer.digest);
         }
+        Command::Replicate(r) => {
+            let (digest, ticket) = match (&r.file, &r.digest) {
+                (Some(file), _) => {
+                    let blobs = coordinator::blobs(data);
+                    let (digest, _) = blobs.import(file).with_context(|| {
+                        format!(
+                            "cannot add --file {} to the blob store {}",
+                            file.display(),
+                            blobs.root().display()
+                        )
+                    })?;
+                    (digest, true)
+                }
+                (None, Some(digest)) => (
+                    fleet_proto::Digest::parse(digest)
+                        .map_err(|_| anyhow::anyhow!("--digest {digest} is not sha256:<64 hex>"))?,
+                    false,
+                ),
+                (None, None) => {
+                    anyhow::bail!("pass --file FILE, or --digest sha256:HEX with --url")
+                }
+            };
+            let request = operator::Request::Replicate(fleet_coordinator::runs::ReplicateRequest {
+                node: r.node.clone(),
+                digest,
+                ticket,
+                url: r.url.clone(),
+                expires_in_ms: r.expires_in.map(|d| d.as_millis() as u64),
+            });
+            println!("{}", serde_json::to_string(&operate(&place, request)?)?);
+        }
         Command::Stop(s) => {
             operate(&place, operator::Request::Stop { run: s.run.clone() })?;
             println!("stopped {}", s.run);

@@ -30,6 +30,7 @@ pub enum Request {
     Stop {
         run: String,
     },
+    Replicate(super::runs::ReplicateRequest),
 }
 
 impl Request {
@@ -68,6 +69,7 @@ pub async fn handle(
             .await
             .map(to_json),
         Request::Stop { run } => coordinator.stop(&run).await.map(to_json),
+        Request::Replicate(request) => coordinator.replicate(&request).await.map(to_json),
         request => {
             tokio::task::spawn_blocking(move || answer(&coordinator, address.as_deref(), request))
                 .await
@@ -97,8 +99,8 @@ fn answer(
         Request::Status { set, run } => coordinator
             .status(set.as_deref(), run.as_deref())
             .map(to_json),
-        Request::Collect { .. } | Request::Stop { .. } => {
-            unreachable!("collect and stop reach a node; `handle` answers them")
+        Request::Collect { .. } | Request::Stop { .. } | Request::Replicate(_) => {
+            unreachable!("collect, stop and replicate reach a node; `handle` answers them")
         }
     }
 }

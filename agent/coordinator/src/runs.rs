@@ -4,7 +4,7 @@ use super::store::RunRow;
 use super::{Coordinator, CoordinatorError};
 use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
-use fleet_proto::protocol::{Answer, Command, Reply};
+use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -137,6 +137,45 @@ pub struct Live {
     pub serving: std::sync::atomic::AtomicBool,
     /// Registry credentials by run id, until the node takes the run; memory only.
     pub credentials: Mutex<HashMap<String, RegistryAuth>>,
+    /// Artifact tickets minted and not yet used: ticket -> what it reads; memory only.
+    pub tickets: Mutex<HashMap<String, Ticket>>,
+}
+
+/// What a ticket lets one node read once, until when.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub node_id: String,
+    pub digest: Digest,
+    pub until: std::time::Instant,
+}
+
+/// How long a minted ticket stays usable.
+pub const TICKET_VALID: Duration = Duration::from_secs(60);
+
+/// Replicate an artifact onto a node, through a read minted for that one fetch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicateRequest {
+    /// A node id or name.
+    pub node: String,
+    pub digest: Digest,
+    /// Mint a one-time ticket for the coordinator's own blob store.
+    #[serde(default)]
+    pub ticket: bool,
+    /// Or an external HTTP URL, usable for `expires_in_ms` from when the node takes it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
+}
+
+/// An artifact in place on a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Replicated {
+    pub node_id: String,
+    pub digest: Digest,
+    pub size: u64,
+    pub copy_ms: u64,
+    pub bytes_per_s: Option<u64>,
 }
 
 impl Default for Live {
@@ -146,6 +185,7 @@ impl Default for Live {
             sessions: Mutex::new(HashMap::new()),
             serving: Default::default(),
             credentials: Default::default(),
+            tickets: Default::default(),
         }
     }
 }
@@ -305,7 +345,7 @@ impl Coordinator {
             path: path.to_string(),
             max_bytes,
         };
-        match self.call_node(&row, "collect", command).await? {
+        match self.call_node(&row.node_id, "collect", command).await? {
             Reply::Collected { digest, size } if self.blobs.has(&digest) => {
                 Ok(Collected { digest, size })
             }
@@ -314,6 +354,108 @@ impl Coordinator {
                 row.node_id
             ))),
             other => Err(unexpected(&row, "collect", &other)),
+        }
+    }
+
+    /// Replicates an artifact onto a node through its live session, with the read the request
+    /// asks for (none is sent as none: the node refuses it in its own words); then asks the node
+    /// for fresh facts, which carry its measured link.
+    pub async fn replicate(
+        &self,
+        request: &ReplicateRequest,
+    ) -> Result<Replicated, CoordinatorError> {
+        let bad = |m: String| CoordinatorError::Request(m);
+        let node_id = self
+            .store
+            .nodes()?
+            .into_iter()
+            .find(|n| n.id == request.node || n.name.as_deref() == Some(&request.node))
+            .map(|n| n.id)
+            .ok_or_else(|| {
+                bad(format!(
+                    "no node matches {}: see `fleet-coordinator nodes`",
+                    request.node
+                ))
+            })?;
+        let digest = &request.digest;
+        let read = match (request.ticket, &request.url) {
+            (true, Some(_)) => {
+                return Err(bad(
+                    "pass either --file (a ticket) or --url, not both".into()
+                ));
+            }
+            (true, None) => {
+                if !self.blobs.has(digest) {
+                    return Err(bad(format!(
+                        "the blob store {} holds no {digest}; pass the artifact with --file",
+                        self.blobs.root().display()
+                    )));
+                }
+                let mut raw = [0u8; 32];
+                rand::thread_rng().fill_bytes(&mut raw);
+                let ticket = hex::encode(raw);
+                let minted = Ticket {
+                    node_id: node_id.clone(),
+                    digest: digest.clone(),
+                    until: std::time::Instant::now() + TICKET_VALID,
+                };
+                (self.live.tickets.lock().expect("tickets")).insert(ticket.clone(), minted);
+                Some(MintedRead::Ticket { ticket })
+            }
+            (false, Some(url)) => Some(MintedRead::Url {
+                url: url.clone(),
+                expires_in_ms: request.expires_in_ms.ok_or_else(|| {
+                    bad(
+                        "--url needs --expires-in: a read is minted for a while, never for ever"
+                            .into(),
+                    )
+                })?,
+            }),
+            (false, None) => None,
+        };
+        let command = Command::Replicate {
+            digest: digest.clone(),
+            read,
+        };
+        match self.call_node(&node_id, "replicate", command).await? {
+            Reply::Replicated {
+                digest,
+                size,
+                copy_ms,
+                bytes_per_s,
+            } => {
+                if let Err(e) = self.call_node(&node_id, "facts", Command::Facts).await {
+                    tracing::warn!(%node_id, "could not refresh the facts after a replicate: {e}");
+                }
+                Ok(Replicated {
+                    node_id,
+                    digest,
+                    size,
+                    copy_ms,
+                    bytes_per_s,
+                })
+            }
+            other => Err(CoordinatorError::Request(format!(
+                "node {node_id} answered replicate with {other:?}; run an agent of this coordinator's version"
+            ))),
+        }
+    }
+
+    /// Spends a ticket: Ok when it reads `digest` for `node_id` and has not expired; it is
+    /// gone either way.
+    pub fn spend_ticket(&self, ticket: &str, node_id: &str, digest: &Digest) -> Result<(), String> {
+        let minted = (self.live.tickets.lock().expect("tickets")).remove(ticket);
+        match minted {
+            None => Err(format!(
+                "the ticket for {digest} is spent or unknown: a ticket reads once; mint a new one"
+            )),
+            Some(t) if t.node_id != node_id || t.digest != *digest => Err(format!(
+                "the ticket was minted for another node or content than {digest}; mint one for this fetch"
+            )),
+            Some(t) if std::time::Instant::now() >= t.until => {
+                Err(format!("the ticket for {digest} expired; mint a new one"))
+            }
+            Some(_) => Ok(()),
         }
     }
 
@@ -336,7 +478,7 @@ impl Coordinator {
         let command = Command::Stop {
             run_id: run.to_string(),
         };
-        match self.call_node(&row, "stop", command).await? {
+        match self.call_node(&row.node_id, "stop", command).await? {
             Reply::Stopped { .. } => Ok(()),
             other => Err(unexpected(&row, "stop", &other)),
         }
@@ -352,7 +494,7 @@ impl Coordinator {
     /// command for the error when there is none) and returns the node's reply.
     async fn call_node(
         &self,
-        row: &RunRow,
+        node_id: &str,
         what: &str,
         command: Command,
     ) -> Result<Reply, CoordinatorError> {
@@ -361,19 +503,19 @@ impl Coordinator {
             .sessions
             .lock()
             .expect("sessions")
-            .get(&row.node_id)
+            .get(node_id)
             .map(|(_, tx)| tx.clone());
         let Some(link) = link else {
             return Err(CoordinatorError::Request(format!(
                 "node {} has no session now: {what} needs it connected to a serving coordinator",
-                row.node_id
+                node_id
             )));
         };
-        let command_is_collect = matches!(command, Command::Collect { .. });
+        let command_is_collect =
+            matches!(command, Command::Collect { .. } | Command::Replicate { .. });
         let (reply, answer) = oneshot::channel();
-        let gone = || {
-            CoordinatorError::Request(format!("node {} went away before answering", row.node_id))
-        };
+        let gone =
+            || CoordinatorError::Request(format!("node {} went away before answering", node_id));
         link.send((command, reply)).await.map_err(|_| gone())?;
         let patience = match command_is_collect {
             true => COLLECT_TIMEOUT,

@@ -166,8 +166,18 @@ async fn handle_tls(
             node_id,
             digest,
             offset,
+            ticket,
         } => {
             known_node(coordinator, &cert, &node_id).await?;
+            if let Some(ticket) = ticket
+                && let Err(message) = coordinator.spend_ticket(&ticket, &node_id, &digest)
+            {
+                let refused = Down::ContentRefused {
+                    message: message.clone(),
+                };
+                let _ = protocol::write_msg(&mut stream, &refused).await;
+                return Err(message);
+            }
             coordinator
                 .send_content(&mut stream, &node_id, &digest, offset)
                 .await

@@ -27,6 +27,8 @@ pub struct AgentConfig {
     pub supervisor: Option<PathBuf>,
     /// The Docker engine images run on (the local socket by default).
     pub docker: crate::runtime::docker::EngineAddress,
+    /// Where replicated artifacts go; None refuses artifact commands.
+    pub artifact_root: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +101,11 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         validity: config.session.validity,
         blobs: crate::node::content_blobs(&config.state),
     };
-    let node = Arc::new(node.with_content(content));
+    let node = Arc::new(node.with_content(
+        content,
+        config.artifact_root.as_deref(),
+        config.facts.link.clone(),
+    ));
     Ok(session::run(
         &identity,
         &membership,

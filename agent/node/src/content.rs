@@ -11,6 +11,7 @@ use sha2::Sha256;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncRead;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -31,7 +32,36 @@ pub struct ContentLink {
 impl ContentLink {
     /// The checked local copy of `digest`: fetched (or resumed) when not held whole yet.
     pub async fn fetch(&self, digest: &Digest) -> Result<PathBuf, ContentError> {
-        self.retrying(digest, || self.fetch_once(digest)).await
+        self.fetch_into(&self.blobs, digest, None).await
+    }
+
+    /// Like [`ContentLink::fetch`], into `blobs`, presenting `ticket` when given (an artifact).
+    pub async fn fetch_into(
+        &self,
+        blobs: &Blobs,
+        digest: &Digest,
+        ticket: Option<&str>,
+    ) -> Result<PathBuf, ContentError> {
+        retrying(digest, || {
+            land(blobs, digest, |offset| async move {
+                let mut stream = self
+                    .open(
+                        digest,
+                        Up::Fetch {
+                            node_id: self.node_id.clone(),
+                            digest: digest.clone(),
+                            offset,
+                            ticket: ticket.map(str::to_string),
+                        },
+                    )
+                    .await?;
+                match self.answer(digest, &mut stream).await? {
+                    Down::Content { size } => Ok((stream, size, offset)),
+                    other => Err(unexpected(digest, &other)),
+                }
+            })
+        })
+        .await
     }
 
     /// Sends `file` (of `size` bytes, hashing to `digest`) to the coordinator's blob store.
@@ -41,105 +71,7 @@ impl ContentLink {
         digest: &Digest,
         size: u64,
     ) -> Result<(), ContentError> {
-        self.retrying(digest, || self.upload_once(file, digest, size))
-            .await
-    }
-
-    async fn retrying<T, F: Future<Output = Result<T, ContentError>>>(
-        &self,
-        digest: &Digest,
-        mut once: impl FnMut() -> F,
-    ) -> Result<T, ContentError> {
-        let mut tries = 1;
-        loop {
-            match once().await {
-                Err(e) if e.is_retryable() && tries < TRIES => {
-                    tracing::warn!(%digest, tries, "{e}");
-                    tokio::time::sleep(Duration::from_millis(500) * tries).await;
-                    tries += 1;
-                }
-                done => return done,
-            }
-        }
-    }
-
-    async fn fetch_once(&self, digest: &Digest) -> Result<PathBuf, ContentError> {
-        let whole = self.blobs.path(digest);
-        if whole.is_file() {
-            return Ok(whole);
-        }
-        let partial = self.blobs.partial(digest);
-        let disk = |cause: std::io::Error| self.disk_error(digest, &partial, cause);
-        std::fs::create_dir_all(partial.parent().expect("a folder")).map_err(disk)?;
-        let (mut hasher, offset) = match content::hash_prefix(&partial) {
-            Ok(prefix) => prefix,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Sha256::default(), 0),
-            Err(e) => return Err(disk(e)),
-        };
-        let mut stream = self
-            .open(
-                digest,
-                Up::Fetch {
-                    node_id: self.node_id.clone(),
-                    digest: digest.clone(),
-                    offset,
-                },
-            )
-            .await?;
-        let size = match self.answer(digest, &mut stream).await? {
-            Down::Content { size } => size,
-            other => return Err(unexpected(digest, &other)),
-        };
-        if offset > size {
-            let _ = std::fs::remove_file(&partial);
-            return Err(ContentError::Cut {
-                digest: digest.clone(),
-                got: 0,
-                size,
-                cause: format!(
-                    "the partial copy was longer ({offset} bytes) than the content; removed it"
-                ),
-            });
-        }
-        let mut file = tokio::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&partial)
-            .await
-            .map_err(disk)?;
-        match content::stream_exact(&mut stream, &mut file, size - offset, Some(&mut hasher)).await
-        {
-            Streamed::Done => {}
-            Streamed::Cut { got, cause } => {
-                let _ = file.sync_data().await;
-                return Err(ContentError::Cut {
-                    digest: digest.clone(),
-                    got: offset + got,
-                    size,
-                    cause,
-                });
-            }
-            Streamed::Write { cause, .. } => {
-                drop(file);
-                let _ = std::fs::remove_file(&partial);
-                return Err(disk(cause));
-            }
-        }
-        drop(file);
-        let got = Digest::from_hasher(hasher);
-        if got != *digest {
-            let _ = std::fs::remove_file(&partial);
-            return Err(ContentError::Mismatch {
-                digest: digest.clone(),
-                got,
-            });
-        }
-        self.blobs.commit(&partial, digest).map_err(|e| {
-            let _ = std::fs::remove_file(&partial);
-            disk(e)
-        })?;
-        tracing::info!(%digest, size, resumed_from = offset, "content fetched and checked");
-        Ok(whole)
+        retrying(digest, || self.upload_once(file, digest, size)).await
     }
 
     async fn upload_once(
@@ -233,23 +165,124 @@ impl ContentLink {
             Ok(Ok(Some(down))) => Ok(down),
         }
     }
+}
 
-    fn disk_error(&self, digest: &Digest, partial: &Path, cause: std::io::Error) -> ContentError {
-        if content::is_no_space(&cause) {
-            let _ = std::fs::remove_file(partial);
-            ContentError::NoSpace {
+/// Runs a transfer again while it fails in a way another try may mend (a cut connection).
+pub async fn retrying<T, F: Future<Output = Result<T, ContentError>>>(
+    digest: &Digest,
+    mut once: impl FnMut() -> F,
+) -> Result<T, ContentError> {
+    let mut tries = 1;
+    loop {
+        match once().await {
+            Err(e) if e.is_retryable() && tries < TRIES => {
+                tracing::warn!(%digest, tries, "{e}");
+                tokio::time::sleep(Duration::from_millis(500) * tries).await;
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Lands `digest` in `blobs`: what a source sends after the part already held (in the partial
+/// file) is hashed as it is written; only the whole, matching content is renamed into place.
+/// `open(offset)` gives the stream, the content's whole size, and the offset the stream really
+/// starts at (0 from a source that cannot resume: the partial file starts over).
+pub async fn land<S, F, Fut>(
+    blobs: &Blobs,
+    digest: &Digest,
+    open: F,
+) -> Result<PathBuf, ContentError>
+where
+    S: AsyncRead + Unpin,
+    F: FnOnce(u64) -> Fut,
+    Fut: Future<Output = Result<(S, u64, u64), ContentError>>,
+{
+    let whole = blobs.path(digest);
+    if whole.is_file() {
+        return Ok(whole);
+    }
+    let partial = blobs.partial(digest);
+    let disk = |cause: std::io::Error| disk_error(blobs, digest, &partial, cause);
+    std::fs::create_dir_all(partial.parent().expect("a folder")).map_err(disk)?;
+    let (mut hasher, held) = match content::hash_prefix(&partial) {
+        Ok(prefix) => prefix,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Sha256::default(), 0),
+        Err(e) => return Err(disk(e)),
+    };
+    let (mut stream, size, offset) = open(held).await?;
+    if offset != held {
+        let _ = std::fs::remove_file(&partial);
+        hasher = Sha256::default();
+    }
+    if offset > size {
+        return Err(ContentError::Cut {
+            digest: digest.clone(),
+            got: 0,
+            size,
+            cause: format!(
+                "the partial copy was longer ({offset} bytes) than the content; removed it"
+            ),
+        });
+    }
+    let mut file = tokio::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&partial)
+        .await
+        .map_err(disk)?;
+    match content::stream_exact(&mut stream, &mut file, size - offset, Some(&mut hasher)).await {
+        Streamed::Done => {}
+        Streamed::Cut { got, cause } => {
+            let _ = file.sync_data().await;
+            return Err(ContentError::Cut {
                 digest: digest.clone(),
-                dir: self.blobs.root().to_path_buf(),
+                got: offset + got,
+                size,
                 cause,
-            }
-        } else {
-            ContentError::Failed {
-                digest: digest.clone(),
-                reason: format!(
-                    "cannot write under {} ({cause})",
-                    self.blobs.root().display()
-                ),
-            }
+            });
+        }
+        Streamed::Write { cause, .. } => {
+            drop(file);
+            let _ = std::fs::remove_file(&partial);
+            return Err(disk(cause));
+        }
+    }
+    drop(file);
+    let got = Digest::from_hasher(hasher);
+    if got != *digest {
+        let _ = std::fs::remove_file(&partial);
+        return Err(ContentError::Mismatch {
+            digest: digest.clone(),
+            got,
+        });
+    }
+    blobs.commit(&partial, digest).map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
+        disk(e)
+    })?;
+    tracing::info!(%digest, size, resumed_from = offset, "content fetched and checked");
+    Ok(whole)
+}
+
+fn disk_error(
+    blobs: &Blobs,
+    digest: &Digest,
+    partial: &Path,
+    cause: std::io::Error,
+) -> ContentError {
+    if content::is_no_space(&cause) {
+        let _ = std::fs::remove_file(partial);
+        ContentError::NoSpace {
+            digest: digest.clone(),
+            dir: blobs.root().to_path_buf(),
+            cause,
+        }
+    } else {
+        ContentError::Failed {
+            digest: digest.clone(),
+            reason: format!("cannot write under {} ({cause})", blobs.root().display()),
         }
     }
 }

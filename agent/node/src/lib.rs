@@ -14,3 +14,4 @@ pub mod node;
 pub mod runtime;
 pub mod session;
 pub mod state;
+pub mod url_read;

@@ -1,18 +1,19 @@
 //! The node's work: each command executed against the runtime and recorded in the node's store
 //! before it is answered, so a redelivered command is answered from the record, never redone.
 use crate::content::ContentLink;
+use crate::facts::LinkMeter;
 use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started};
 use crate::state::{StateError, Store};
 use fleet_proto::Digest;
 use fleet_proto::content::{Blobs, ContentError};
-use fleet_proto::protocol::{Answer, Command, Refusal, RefusalClass, Reply, StartRun};
+use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
 use fleet_proto::run::Workload;
 use serde_json::json;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 static COLLECTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -36,6 +37,8 @@ pub struct Node {
     blobs: Blobs,
     /// How content reaches the node and collected files leave it; None until it has joined.
     content: Option<ContentLink>,
+    /// Where artifacts are replicated to, and the meter their copies are timed into.
+    artifacts: Option<(Blobs, Arc<LinkMeter>)>,
     /// A lock per digest being fetched.
     fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::Mutex<()>>>>,
 }
@@ -51,13 +54,21 @@ impl Node {
             scratch,
             blobs: content_blobs(state),
             content: None,
+            artifacts: None,
             fetching: Default::default(),
         })
     }
 
-    /// The node with its content path to the coordinator.
-    pub fn with_content(mut self, content: ContentLink) -> Node {
+    /// The node with its content path to the coordinator, and its artifact root (if any) whose
+    /// copies are timed into `meter`.
+    pub fn with_content(
+        mut self,
+        content: ContentLink,
+        artifact_root: Option<&Path>,
+        meter: Arc<LinkMeter>,
+    ) -> Node {
         self.content = Some(content);
+        self.artifacts = artifact_root.map(|root| (Blobs::new(root), meter));
         self
     }
 
@@ -106,6 +117,7 @@ impl Node {
                 path,
                 max_bytes,
             } => self.collect(run_id, path, max_bytes.unwrap_or(u64::MAX)),
+            Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
                 "facts are answered by the session",
@@ -258,6 +270,61 @@ impl Node {
             out.push((name.clone(), held));
         }
         Ok(out)
+    }
+
+    /// Replicates an artifact into the artifact root through the read minted for this fetch, and
+    /// times the whole copy (the path, the disk and the hash together) into the link meter.
+    fn replicate(&self, digest: &Digest, read: Option<&MintedRead>) -> Answer {
+        let taken_up = Instant::now();
+        let refuse = |m: &str| Refusal::new(RefusalClass::Other, format!("artifact {digest}: {m}"));
+        let Some(read) = read else {
+            return Err(refuse(
+                "the command carries no minted read (a coordinator ticket or an expiring URL), and this node holds no standing credential to any store; mint a read for this one fetch",
+            ));
+        };
+        let Some((root, meter)) = &self.artifacts else {
+            return Err(refuse(
+                "this node has no artifact root; start the agent with --artifact-root DIR on the disk artifacts belong on",
+            ));
+        };
+        let held = root.path(digest);
+        if let Ok(meta) = std::fs::metadata(&held) {
+            return Ok(Reply::Replicated {
+                digest: digest.clone(),
+                size: meta.len(),
+                copy_ms: 0,
+                bytes_per_s: None,
+            });
+        }
+        let runtime = tokio::runtime::Handle::current();
+        let landed = match read {
+            MintedRead::Ticket { ticket } => {
+                let Some(link) = &self.content else {
+                    return Err(refuse("this node has no content path to a coordinator"));
+                };
+                runtime.block_on(link.fetch_into(root, digest, Some(ticket)))
+            }
+            MintedRead::Url { url, expires_in_ms } => {
+                let deadline = taken_up + Duration::from_millis(*expires_in_ms);
+                runtime.block_on(crate::content::retrying(digest, || {
+                    crate::content::land(root, digest, |offset| {
+                        crate::url_read::open(url, digest, offset, deadline)
+                    })
+                }))
+            }
+        };
+        let path = landed.map_err(content_refused)?;
+        let copy = taken_up.elapsed();
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let bytes_per_s = (size as u128 * 1000 / copy.as_millis().max(1)) as u64;
+        meter.record(bytes_per_s, Instant::now());
+        tracing::info!(%digest, size, copy_ms = copy.as_millis() as u64, bytes_per_s, "artifact replicated");
+        Ok(Reply::Replicated {
+            digest: digest.clone(),
+            size,
+            copy_ms: copy.as_millis() as u64,
+            bytes_per_s: Some(bytes_per_s),
+        })
     }
 
     /// Collects the file into a scratch file (bounded by `max_bytes`), then uploads it.

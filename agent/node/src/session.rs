@@ -327,7 +327,7 @@ impl Session<'_> {
                     }
                     Holds::Nothing
                 }
-                Command::Facts => Holds::Nothing,
+                Command::Facts | Command::Replicate { .. } => Holds::Nothing,
             };
             if working.tasks.len() >= MAX_WORKING {
                 return;

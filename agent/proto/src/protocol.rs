@@ -33,6 +33,9 @@ pub enum Up {
         node_id: String,
         digest: Digest,
         offset: u64,
+        /// For an artifact: the one-time ticket the coordinator minted for this fetch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ticket: Option<String>,
     },
     /// The first message of an upload: `size` raw bytes of `digest` follow; the coordinator
     /// answers [`Down::Stored`] once they are checked and in its blob store.
@@ -123,6 +126,24 @@ pub enum Command {
         max_bytes: Option<u64>,
     },
     Facts,
+    /// Replicate one immutable artifact by digest into the node's artifact root, through the
+    /// read minted for this one fetch; a command with none is refused.
+    Replicate {
+        digest: Digest,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        read: Option<MintedRead>,
+    },
+}
+
+/// A read minted for one fetch: the node holds no standing credential to any store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MintedRead {
+    /// A coordinator-issued ticket for its own blob store: valid once, for a short time.
+    Ticket { ticket: String },
+    /// An external HTTP URL (an object store's presigned URL, say), usable for `expires_in_ms`
+    /// from when the node receives the command (a duration, so no clocks are compared).
+    Url { url: String, expires_in_ms: u64 },
 }
 
 impl Command {
@@ -176,6 +197,14 @@ pub enum Reply {
         size: u64,
     },
     FactsSent,
+    /// The artifact is in the artifact root, checked; `copy_ms` timed the whole copy (0 and no
+    /// rate when it was there already).
+    Replicated {
+        digest: Digest,
+        size: u64,
+        copy_ms: u64,
+        bytes_per_s: Option<u64>,
+    },
 }
 
 /// Why a node refused a command: a class both sides match on, and one line for people.
