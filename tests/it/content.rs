@@ -698,3 +698,37 @@ fn a_command_with_no_minted_read_is_refused_in_the_nodes_words() {
     );
     assert!(no_files(&fleet.path("artifacts")));
 }
+
+#[test]
+fn the_blob_sweep_removes_only_content_no_run_refers_to_after_its_grace() {
+    use fleet_coordinator::store::conformance;
+    use fleet_coordinator::{Coordinator, StoreLocation};
+    let dir = testkit::tempdir();
+    let coordinator =
+        Coordinator::open(&dir.path().join("coord"), &StoreLocation::Embedded).unwrap();
+    let import = |name: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, name).unwrap();
+        coordinator.blobs.import(&file).unwrap().0
+    };
+    let (program, input, loose) = (import("program"), import("input"), import("loose"));
+    let mut run = conformance::run("r1", "s1", "n-1", b"", 1);
+    run.workload = fleet_proto::run::Workload::Program(program.clone());
+    run.options.inputs = vec![("data".into(), input.clone())];
+    coordinator.store.create_set("s1", &[run]).unwrap();
+    coordinator.sweep_blobs(Duration::from_secs(3600)).unwrap();
+    assert!(
+        coordinator.blobs.has(&loose),
+        "within its grace a blob stays"
+    );
+    coordinator.sweep_blobs(Duration::ZERO).unwrap();
+    assert!(
+        !coordinator.blobs.has(&loose),
+        "no run refers to it: removed"
+    );
+    assert!(
+        coordinator.blobs.has(&program),
+        "a stored run's program stays"
+    );
+    assert!(coordinator.blobs.has(&input), "a stored run's input stays");
+}
