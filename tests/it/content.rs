@@ -29,15 +29,21 @@ struct Fleet {
     coord: Coordinator,
     agent: Option<Agent>,
     starts: usize,
+    /// Environment for the agent's process.
+    agent_env: Vec<(String, String)>,
 }
 
 impl Fleet {
     fn new() -> Fleet {
-        Fleet::through(|_| None)
+        Fleet::through(|_| None, Vec::new())
     }
 
-    /// A fleet whose join file names the address `route` gives for the coordinator's (a proxy).
-    fn through(route: impl FnOnce(&str) -> Option<String>) -> Fleet {
+    /// A fleet whose join file names the address `route` gives for the coordinator's (a proxy),
+    /// its agent started with `agent_env`.
+    fn through(
+        route: impl FnOnce(&str) -> Option<String>,
+        agent_env: Vec<(String, String)>,
+    ) -> Fleet {
         let dir = testkit::tempdir();
         let coord = Coordinator::start(&dir.path().join("coord"), &[]);
         let mut args = vec!["--name".to_string(), "worker".to_string()];
@@ -51,6 +57,7 @@ impl Fleet {
             coord,
             agent: None,
             starts: 0,
+            agent_env,
         };
         fleet.start_agent();
         fleet
@@ -75,7 +82,8 @@ impl Fleet {
             .arg("--artifact-root")
             .arg(self.path("artifacts"))
             .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
-            .args(["--retry-base", "50ms"]);
+            .args(["--retry-base", "50ms"])
+            .envs(self.agent_env.iter().cloned());
         let agent = Agent::spawn(&log, cmd);
         assert!(
             agent.wait_for("session open", 1, WAIT),
@@ -372,12 +380,15 @@ fn relay(client: TcpStream, server: TcpStream, cut_after: u64, cut: Arc<AtomicBo
 fn a_transfer_cut_halfway_resumes_from_where_it_stopped() {
     let size = size();
     let mut proxy = None;
-    let fleet = Fleet::through(|coord| {
-        let started = CuttingProxy::start(coord, size / 2);
-        let addr = started.addr.clone();
-        proxy = Some(started);
-        Some(addr)
-    });
+    let fleet = Fleet::through(
+        |coord| {
+            let started = CuttingProxy::start(coord, size / 2);
+            let addr = started.addr.clone();
+            proxy = Some(started);
+            Some(addr)
+        },
+        Vec::new(),
+    );
     let proxy = proxy.unwrap();
     let program = large_file(&fleet.path("big.sh"), "#!/bin/sh\nexit 0\n", size);
     let digest = sha256(&program);
@@ -586,7 +597,7 @@ fn a_ticket_reads_once_for_its_node_and_content_until_it_expires() {
     );
 }
 
-/// A small HTTP server for one file, as an object store serves a presigned URL: `GET /art`
+/// A small HTTP(S) server for one file, as an object store serves a presigned URL: `GET /art`
 /// (honouring `Range: bytes=N-`), 403 for any other path; counts the requests it answered.
 struct FileServer {
     addr: String,
@@ -594,48 +605,81 @@ struct FileServer {
 }
 
 impl FileServer {
-    fn start(file: PathBuf) -> FileServer {
+    fn start(file: PathBuf, tls: Option<Arc<rustls::ServerConfig>>) -> FileServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = requests.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                counted.fetch_add(1, Ordering::SeqCst);
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
-                    head.push(byte[0]);
+                let Ok(stream) = stream else { continue };
+                match &tls {
+                    None => answer(stream, &file, &counted),
+                    Some(config) => {
+                        let server = rustls::ServerConnection::new(config.clone()).unwrap();
+                        answer(rustls::StreamOwned::new(server, stream), &file, &counted);
+                    }
                 }
-                let head = String::from_utf8_lossy(&head).to_string();
-                if !head.starts_with("GET /art ") {
-                    let _ =
-                        stream.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
-                    continue;
-                }
-                let size = std::fs::metadata(&file).unwrap().len();
-                let from: u64 = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Range: bytes="))
-                    .and_then(|r| r.trim_end_matches('-').parse().ok())
-                    .unwrap_or(0);
-                let status = match from {
-                    0 => format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n"),
-                    _ => format!(
-                        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {from}-{}/{size}\r\n\r\n",
-                        size - from,
-                        size - 1
-                    ),
-                };
-                let mut body = std::fs::File::open(&file).unwrap();
-                std::io::Seek::seek(&mut body, std::io::SeekFrom::Start(from)).unwrap();
-                let _ = stream.write_all(status.as_bytes());
-                let _ = std::io::copy(&mut body, &mut stream);
             }
         });
         FileServer { addr, requests }
     }
+}
+
+fn answer(mut stream: impl Read + Write, file: &Path, counted: &std::sync::atomic::AtomicUsize) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+        head.push(byte[0]);
+    }
+    if head.is_empty() {
+        return;
+    }
+    counted.fetch_add(1, Ordering::SeqCst);
+    let head = String::from_utf8_lossy(&head).to_string();
+    if !head.starts_with("GET /art ") {
+        let _ = stream.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+        let _ = stream.flush();
+        return;
+    }
+    let size = std::fs::metadata(file).unwrap().len();
+    let from: u64 = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Range: bytes="))
+        .and_then(|r| r.trim_end_matches('-').parse().ok())
+        .unwrap_or(0);
+    let status = match from {
+        0 => format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n"),
+        _ => format!(
+            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {from}-{}/{size}\r\n\r\n",
+            size - from,
+            size - 1
+        ),
+    };
+    let mut body = std::fs::File::open(file).unwrap();
+    std::io::Seek::seek(&mut body, std::io::SeekFrom::Start(from)).unwrap();
+    let _ = stream.write_all(status.as_bytes());
+    let _ = std::io::copy(&mut body, &mut stream);
+    let _ = stream.flush();
+}
+
+/// A TLS server configuration from the test PKI's loopback certificate.
+fn tls_server(pki: &testkit::pki::Pki) -> Arc<rustls::ServerConfig> {
+    let pem = |p: &Path| std::fs::read(p).unwrap();
+    let certs = rustls_pemfile::certs(&mut pem(&pki.server_cert).as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls_pemfile::private_key(&mut pem(&pki.server_key).as_slice())
+        .unwrap()
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    Arc::new(config)
 }
 
 #[test]
@@ -644,7 +688,7 @@ fn an_artifact_from_an_expiring_url_is_fetched_checked_and_timed_and_refused_onc
     let size = size() / 4;
     let artifact = large_file(&fleet.path("data.bin"), "", size);
     let digest = sha256(&artifact);
-    let server = FileServer::start(artifact.clone());
+    let server = FileServer::start(artifact.clone(), None);
     let url = format!("http://{}/art", server.addr);
     // Expired before the node takes it up: refused by the node, the URL never asked.
     let expired = replicate(
@@ -731,4 +775,41 @@ fn the_blob_sweep_removes_only_content_no_run_refers_to_after_its_grace() {
         "a stored run's program stays"
     );
     assert!(coordinator.blobs.has(&input), "a stored run's input stays");
+}
+
+#[test]
+fn an_artifact_from_an_https_url_is_checked_against_the_machines_roots() {
+    let pki = testkit::pki::Pki::new();
+    let env = vec![(
+        "SSL_CERT_FILE".to_string(),
+        pki.ca_cert.display().to_string(),
+    )];
+    let fleet = Fleet::through(|_| None, env);
+    let artifact = large_file(&fleet.path("data.bin"), "", 8 << 20);
+    let digest = sha256(&artifact);
+    let server = FileServer::start(artifact.clone(), Some(tls_server(&pki)));
+    let url = format!("https://{}/art", server.addr);
+    let copy = replicate(
+        &fleet,
+        &["--digest", &digest, "--url", &url, "--expires-in", "1m"],
+    );
+    let copy = copy.unwrap();
+    assert_eq!(copy["size"], 8 << 20);
+    let landed = fleet.path("artifacts/sha256").join(&digest[7..]);
+    assert_eq!(sha256(&landed), digest);
+
+    // A node whose roots do not include the server's CA refuses it, naming the handshake.
+    let other = Fleet::new();
+    let refused = replicate(
+        &other,
+        &["--digest", &digest, "--url", &url, "--expires-in", "1m"],
+    );
+    let line = refused.unwrap_err();
+    assert!(
+        line.starts_with(&format!(
+            "fleet-coordinator: content {digest}: the TLS handshake with {} failed (",
+            server.addr
+        )) && line.ends_with("); is its certificate signed by a root this machine trusts?"),
+        "{line}"
+    );
 }

@@ -61,7 +61,7 @@ pub struct ReplicateArgs {
     /// The artifact, streamed into the blob store and read by the node with a one-time ticket
     #[arg(long, conflicts_with = "url")]
     pub file: Option<PathBuf>,
-    /// An external http:// URL to read it from (an object store's presigned URL)
+    /// An external http(s):// URL to read it from (an object store's presigned URL)
     #[arg(long, requires = "expires_in")]
     pub url: Option<String>,
     /// How long the URL may be used, from when the node takes the command up

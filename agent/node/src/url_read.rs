@@ -1,11 +1,20 @@
-//! An artifact read through an external HTTP URL (an object store's presigned URL, say): one GET
-//! asking for the bytes from the offset already held, its body streamed into
-//! [`crate::content::land`]. The URL is the whole credential and is never logged.
+//! An artifact read through an external HTTP(S) URL (an object store's presigned URL, say): one
+//! GET asking for the bytes from the offset already held, its body streamed into
+//! [`crate::content::land`]. HTTPS trusts the system's roots (or `SSL_CERT_FILE`), through rustls
+//! on ring. The URL is the whole credential and is never logged.
 use fleet_proto::Digest;
 use fleet_proto::content::ContentError;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+
+/// A connection to the URL's server, plain or TLS.
+pub trait Connection: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Connection for T {}
+
+/// The body of an answer, after its head.
+pub type Body = BufReader<Box<dyn Connection>>;
 
 const CONNECT: Duration = Duration::from_secs(10);
 /// The answer's status line and headers, at most.
@@ -18,7 +27,7 @@ pub async fn open(
     digest: &Digest,
     offset: u64,
     deadline: Instant,
-) -> Result<(BufReader<TcpStream>, u64, u64), ContentError> {
+) -> Result<(Body, u64, u64), ContentError> {
     let failed = |reason: String| ContentError::Failed {
         digest: digest.clone(),
         reason,
@@ -34,28 +43,46 @@ pub async fn open(
             "its URL read expired before the copy began; mint a new one".into(),
         ));
     }
-    let rest = if let Some(rest) = url.strip_prefix("http://") {
-        rest
-    } else if url.starts_with("https://") {
-        return Err(failed(
-            "https URLs are not supported by this agent yet; serve it over http or through a coordinator ticket".into(),
-        ));
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        (true, rest)
     } else {
-        return Err(failed("its URL is not http://HOST[:PORT]/PATH".into()));
+        return Err(failed("its URL is not http(s)://HOST[:PORT]/PATH".into()));
     };
     let (host, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let address = if host.contains(':') {
-        host.to_string()
-    } else {
-        format!("{host}:80")
+    let (name, address) = match host.rsplit_once(':') {
+        Some((name, port))
+            if port.parse::<u16>().is_ok() && (name.starts_with('[') || !name.contains(':')) =>
+        {
+            (name.trim_matches(['[', ']']).to_string(), host.to_string())
+        }
+        _ => (
+            host.to_string(),
+            format!("{host}:{}", if tls { 443 } else { 80 }),
+        ),
     };
-    let mut stream = tokio::time::timeout(CONNECT, TcpStream::connect(&address))
+    let tcp = tokio::time::timeout(CONNECT, TcpStream::connect(&address))
         .await
         .map_err(|_| cut(format!("connecting to {host} timed out")))?
         .map_err(|e| cut(format!("cannot reach {host}: {e}")))?;
+    let mut stream: Box<dyn Connection> = match tls {
+        false => Box::new(tcp),
+        true => {
+            let server = rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|_| failed(format!("{name} is not a host name TLS can check")))?;
+            let handshake = tokio_rustls::TlsConnector::from(tls_config().map_err(failed)?)
+                .connect(server, tcp);
+            let stream = tokio::time::timeout(CONNECT, handshake)
+                .await
+                .map_err(|_| cut(format!("the TLS handshake with {host} timed out")))?
+                .map_err(|e| failed(format!("the TLS handshake with {host} failed ({e}); is its certificate signed by a root this machine trusts?")))?;
+            Box::new(stream)
+        }
+    };
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nRange: bytes={offset}-\r\nConnection: close\r\n\r\n"
     );
@@ -63,7 +90,7 @@ pub async fn open(
         .write_all(request.as_bytes())
         .await
         .map_err(|e| cut(e.to_string()))?;
-    let mut reader = BufReader::new(stream);
+    let mut reader: Body = BufReader::new(stream);
     let mut head = Vec::new();
     let mut line = String::new();
     loop {
@@ -126,4 +153,29 @@ pub async fn open(
             "the URL answered HTTP {code}; the read may be expired or wrong, mint a new one"
         ))),
     }
+}
+
+/// The system's roots (or `SSL_CERT_FILE`'s), made once.
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>> =
+        std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            for cert in found.certs {
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err("this machine has no trusted root certificates (set SSL_CERT_FILE or install ca-certificates)".into());
+            }
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            Ok(Arc::new(config))
+        })
+        .clone()
 }
