@@ -315,6 +315,12 @@ fn a_large_collect_streams_and_max_bytes_refuses_with_nothing_at_out() {
         .map(str::to_string)
         .collect();
     assert_eq!(received.len(), 1, "uploaded once: {received:?}");
+    let agent = fleet.agent.as_ref().unwrap().pid();
+    let (coord_mib, agent_mib) = (peak_rss_mib(fleet.coord.pid()), peak_rss_mib(agent));
+    assert!(
+        coord_mib < FLAT_MIB && agent_mib < FLAT_MIB,
+        "memory flat in the size: coordinator {coord_mib} MiB, agent {agent_mib} MiB"
+    );
     assert!(
         received[0].contains(&format!("digest={}", printed.trim()))
             && received[0].contains(&format!("bytes={size}")),
