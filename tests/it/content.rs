@@ -819,3 +819,26 @@ fn an_artifact_from_an_https_url_is_checked_against_the_machines_roots() {
         "{line}"
     );
 }
+
+#[test]
+fn a_transfer_cut_by_a_coordinator_restart_resumes_from_where_it_stopped() {
+    let mut fleet = Fleet::new();
+    let size = size();
+    let program = large_file(&fleet.path("big.sh"), "#!/bin/sh\nexit 0\n", size);
+    let digest = sha256(&program);
+    let set = fleet.run(&program, &[]);
+    // SIGKILL the coordinator once the node holds half of the program, then serve again.
+    let partial = fleet.path("state/content/partial").join(&digest[7..]);
+    let half = wait_until(WAIT, || {
+        std::fs::metadata(&partial).is_ok_and(|m| m.len() >= size / 2)
+    });
+    assert!(half, "the fetch never got halfway");
+    fleet.coord.restart();
+    let row = fleet.final_row(&set);
+    assert_eq!(row["state"], "finished", "{row:#}");
+    // Only the restarted coordinator could log its sending: it resumed, it did not start over.
+    let sent = fleet.sent(&digest);
+    let (resumed_at, rest) = *sent.last().unwrap();
+    assert!(resumed_at >= size / 2, "{sent:?}");
+    assert_eq!(resumed_at + rest, size, "{sent:?}");
+}
