@@ -2,6 +2,7 @@
 mod agent;
 mod build;
 pub(crate) mod container;
+mod content;
 pub(crate) mod registry;
 mod supervisor;
 
@@ -20,6 +21,8 @@ pub enum Which {
     Agent,
     /// An image run through the coordinator and the agent's Docker runtime against `docker run`
     Container,
+    /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
+    Content,
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -29,5 +32,6 @@ pub fn run(which: Which) -> Result<()> {
         Which::Supervisor => supervisor::run(),
         Which::Agent => agent::run(),
         Which::Container => container::run(),
+        Which::Content => content::run(),
     }
 }
