@@ -337,13 +337,10 @@ impl Node {
             .scratch
             .join(format!("collect-{}-{n}", std::process::id()));
         let result = (|| {
-            let mut sink = std::fs::File::create(&file)
-                .map_err(|e| other(format!("cannot write {}: {e}", file.display())))?;
             let collected = self
                 .runtime
-                .collect(run_id, path, max_bytes, &mut sink)
+                .collect_file(run_id, path, max_bytes, &file)
                 .map_err(refused)?;
-            drop(sink);
             let Some(link) = &self.content else {
                 return Err(other(format!(
                     "run {run_id}: collect {path}: this node has no content path to a coordinator"
