@@ -1,6 +1,7 @@
-//! Tests: content. Programs, inputs and collected files of any size move by digest on the
-//! content path beside the session: real coordinator, agent and supervisor processes on
-//! loopback. Bytes on the wire are counted from the coordinator's own `content sent` lines.
+//! Tests: content. Programs, inputs, collected files and artifacts of any size move by digest on
+//! the content path beside the session: real coordinator, agent and supervisor processes on
+//! loopback (and local HTTP(S) servers for artifact URLs). Bytes on the wire are counted from the
+//! coordinator's own `content sent` lines.
 //!
 //! Sizes: `CONTENT_TEST_MIB` (default 256) sets the large program, input and collect; the
 //! issue's sizes are `CONTENT_TEST_MIB=2048` (a 2 GiB program and collect, a 1 GiB input).
