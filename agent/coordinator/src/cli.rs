@@ -45,6 +45,28 @@ pub enum Command {
     Collect(CollectArgs),
     /// Stop a run on its node (needs `serve`); returns once the run ended
     Stop(StopArgs),
+    /// Replicate an artifact by digest into a node's --artifact-root through a read minted for
+    /// that one fetch (needs `serve`); prints the copy as JSON
+    Replicate(ReplicateArgs),
+}
+
+#[derive(Args)]
+pub struct ReplicateArgs {
+    /// A node id or name
+    #[arg(long)]
+    pub node: String,
+    /// The artifact's digest, sha256:HEX (taken from --file when given)
+    #[arg(long)]
+    pub digest: Option<String>,
+    /// The artifact, streamed into the blob store and read by the node with a one-time ticket
+    #[arg(long, conflicts_with = "url")]
+    pub file: Option<PathBuf>,
+    /// An external http(s):// URL to read it from (an object store's presigned URL)
+    #[arg(long, requires = "expires_in")]
+    pub url: Option<String>,
+    /// How long the URL may be used, from when the node takes the command up
+    #[arg(long, value_parser = duration::parse)]
+    pub expires_in: Option<Duration>,
 }
 
 #[derive(Args)]
@@ -109,9 +131,12 @@ pub struct CollectArgs {
     /// The file, relative to the run's folder
     #[arg(long)]
     pub path: String,
-    /// Where to write it
+    /// Where to write it (atomically: the whole file or nothing)
     #[arg(long)]
     pub out: PathBuf,
+    /// Refuse a file larger than this many bytes (nothing is written at --out)
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
 }
 
 #[derive(Args)]

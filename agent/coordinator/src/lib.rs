@@ -5,6 +5,7 @@
 //! `operator` (requests a CLI or hub sends to a serving coordinator), `store` (the store
 //! and its rules, over a backend: the embedded redb one or PostgreSQL, by [`StoreLocation`]),
 //! `userdata` (the `#cloud-config`).
+pub mod content;
 pub mod http;
 pub mod operator;
 pub mod runs;
@@ -97,6 +98,10 @@ pub struct Coordinator {
     pub key: KeyPair,
     /// Sessions and wake-ups while serving.
     pub live: runs::Live,
+    /// Programs, inputs and collected files, by digest, under the data folder.
+    pub blobs: fleet_proto::content::Blobs,
+    /// Content bytes moved on the content path.
+    pub content: content::Counters,
 }
 
 /// A join file to mint.
@@ -149,6 +154,11 @@ pub struct NodeView {
 }
 
 /// A node's id follows from its key, so the same key always gets the same id.
+/// The blob store under a data folder: `DATA/blobs/sha256/HEX`.
+pub fn blobs(data: &Path) -> fleet_proto::content::Blobs {
+    fleet_proto::content::Blobs::new(data.join("blobs"))
+}
+
 pub fn node_id(public_key: &[u8]) -> String {
     format!("n-{}", &hex::encode(Sha256::digest(public_key))[..16])
 }
@@ -205,6 +215,8 @@ impl Coordinator {
             store: Arc::new(store),
             key,
             live: runs::Live::default(),
+            blobs: blobs(data),
+            content: Default::default(),
         })
     }
 

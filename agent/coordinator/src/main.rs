@@ -2,7 +2,6 @@
 mod cli;
 
 use anyhow::{Context, Result};
-use base64::Engine;
 use clap::Parser;
 use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
 use fleet_coordinator::runs::{Collected, RunRequest, RunView, SetView};
@@ -70,8 +69,9 @@ fn run_coordinator(args: Cli) -> Result<()> {
         Command::Nodes(n) => print_nodes(&n, operate(&place, operator::Request::Nodes)?)?,
         Command::Serve(s) => serve_coordinator(&place, s)?,
         Command::Run(r) => {
+            let request = run_request(&r, &coordinator::blobs(data))?;
             let set: SetView =
-                serde_json::from_value(operate(&place, operator::Request::Run(run_request(&r)?))?)?;
+                serde_json::from_value(operate(&place, operator::Request::Run(request))?)?;
             println!("{}", set.set_id);
         }
         Command::Status(s) => print_status(&place, &s)?,
@@ -79,10 +79,45 @@ fn run_coordinator(args: Cli) -> Result<()> {
             let request = operator::Request::Collect {
                 run: c.run.clone(),
                 path: c.path.clone(),
+                max_bytes: c.max_bytes,
             };
             let answer: Collected = serde_json::from_value(operate(&place, request)?)?;
-            let digest = save_collected(&answer, &c.out)?;
-            println!("{digest}");
+            let blobs = coordinator::blobs(data);
+            blobs
+                .export(&answer.digest, &c.out)
+                .with_context(|| format!("cannot write {}", c.out.display()))?;
+            println!("{}", answer.digest);
+        }
+        Command::Replicate(r) => {
+            let (digest, ticket) = match (&r.file, &r.digest) {
+                (Some(file), _) => {
+                    let blobs = coordinator::blobs(data);
+                    let (digest, _) = blobs.import(file).with_context(|| {
+                        format!(
+                            "cannot add --file {} to the blob store {}",
+                            file.display(),
+                            blobs.root().display()
+                        )
+                    })?;
+                    (digest, true)
+                }
+                (None, Some(digest)) => (
+                    fleet_proto::Digest::parse(digest)
+                        .map_err(|_| anyhow::anyhow!("--digest {digest} is not sha256:<64 hex>"))?,
+                    false,
+                ),
+                (None, None) => {
+                    anyhow::bail!("pass --file FILE, or --digest sha256:HEX with --url")
+                }
+            };
+            let request = operator::Request::Replicate(fleet_coordinator::runs::ReplicateRequest {
+                node: r.node.clone(),
+                digest,
+                ticket,
+                url: r.url.clone(),
+                expires_in_ms: r.expires_in.map(|d| d.as_millis() as u64),
+            });
+            println!("{}", serde_json::to_string(&operate(&place, request)?)?);
         }
         Command::Stop(s) => {
             operate(&place, operator::Request::Stop { run: s.run.clone() })?;
@@ -92,20 +127,31 @@ fn run_coordinator(args: Cli) -> Result<()> {
     Ok(())
 }
 
-fn run_request(r: &RunArgs) -> Result<RunRequest> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+/// The run request, with the program and inputs streamed into the blob store first: this
+/// command shares the data folder with the serving coordinator, so it writes the blobs itself,
+/// one streamed copy of any size, and sends only their digests.
+fn run_request(r: &RunArgs, blobs: &fleet_proto::content::Blobs) -> Result<RunRequest> {
+    let import = |flag: &str, path: &std::path::Path| {
+        blobs
+            .import(path)
+            .map(|(digest, _)| digest)
+            .with_context(|| {
+                format!(
+                    "cannot add {flag} {} to the blob store {}",
+                    path.display(),
+                    blobs.root().display()
+                )
+            })
     };
-    let b64 = |bytes: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(bytes);
     let mut inputs = Vec::new();
     for (name, file) in &r.inputs {
-        inputs.push((name.clone(), b64(read(std::path::Path::new(file))?)));
+        inputs.push((name.clone(), import("--input", std::path::Path::new(file))?));
     }
     Ok(RunRequest {
         node: r.node.clone(),
         all: r.all,
-        program_b64: match &r.program {
-            Some(program) => Some(b64(read(program)?)),
+        program: match &r.program {
+            Some(program) => Some(import("--program", program)?),
             None => None,
         },
         image: r.image.clone(),
@@ -189,23 +235,6 @@ fn print_status(place: &Place, s: &StatusArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Writes a collected file atomically after checking its bytes against the node's digest.
-fn save_collected(answer: &Collected, out: &std::path::Path) -> Result<String> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(&answer.content_b64)
-        .context("the node sent a collected file that is not base64")?;
-    let got = fleet_proto::Digest::of_reader(bytes.as_slice())?;
-    if got != answer.digest {
-        anyhow::bail!(
-            "the collected file hashes to {got}, but the node reported {}; collect it again",
-            answer.digest
-        );
-    }
-    fleet_proto::fsutil::write_atomic(out, &bytes, 0o644)
-        .with_context(|| format!("cannot write {}", out.display()))?;
-    Ok(got.to_string())
 }
 
 fn token_request(t: &TokenArgs) -> TokenRequest {

@@ -24,10 +24,13 @@ pub enum Request {
     Collect {
         run: String,
         path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bytes: Option<u64>,
     },
     Stop {
         run: String,
     },
+    Replicate(super::runs::ReplicateRequest),
 }
 
 impl Request {
@@ -57,8 +60,16 @@ pub async fn handle(
     request: Request,
 ) -> Response {
     let result = match request {
-        Request::Collect { run, path } => coordinator.collect(&run, &path).await.map(to_json),
+        Request::Collect {
+            run,
+            path,
+            max_bytes,
+        } => coordinator
+            .collect(&run, &path, max_bytes)
+            .await
+            .map(to_json),
         Request::Stop { run } => coordinator.stop(&run).await.map(to_json),
+        Request::Replicate(request) => coordinator.replicate(&request).await.map(to_json),
         request => {
             tokio::task::spawn_blocking(move || answer(&coordinator, address.as_deref(), request))
                 .await
@@ -88,8 +99,8 @@ fn answer(
         Request::Status { set, run } => coordinator
             .status(set.as_deref(), run.as_deref())
             .map(to_json),
-        Request::Collect { .. } | Request::Stop { .. } => {
-            unreachable!("collect and stop reach a node; `handle` answers them")
+        Request::Collect { .. } | Request::Stop { .. } | Request::Replicate(_) => {
+            unreachable!("collect, stop and replicate reach a node; `handle` answers them")
         }
     }
 }

@@ -2,19 +2,20 @@
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
 use super::store::RunRow;
 use super::{Coordinator, CoordinatorError};
-use base64::Engine;
 use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
-use fleet_proto::protocol::{Answer, Command, Reply};
+use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+/// How long a command through a session may take; a collect moves a whole file first.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+const COLLECT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// What to run, and where.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,9 +24,10 @@ pub struct RunRequest {
     pub node: Option<String>,
     #[serde(default)]
     pub all: bool,
-    /// The program to stage and run, as base64; or else `image`.
+    /// The program to stage and run, by digest, already in the coordinator's blob store
+    /// ([`fleet_proto::content::Blobs::import`]); or else `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub program_b64: Option<String>,
+    pub program: Option<Digest>,
     /// An image to run, `HOST/REPO@sha256:HEX` (never a tag), on the node's Docker engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -108,11 +110,11 @@ impl From<RunRow> for RunView {
     }
 }
 
-/// A file collected from a run, as the node sent it.
+/// A file collected from a run: in the blob store under `digest`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Collected {
     pub digest: Digest,
-    pub content_b64: String,
+    pub size: u64,
 }
 
 /// A node answered with a reply of another command: a protocol mismatch between versions.
@@ -135,6 +137,45 @@ pub struct Live {
     pub serving: std::sync::atomic::AtomicBool,
     /// Registry credentials by run id, until the node takes the run; memory only.
     pub credentials: Mutex<HashMap<String, RegistryAuth>>,
+    /// Artifact tickets minted and not yet used: ticket -> what it reads; memory only.
+    pub tickets: Mutex<HashMap<String, Ticket>>,
+}
+
+/// What a ticket lets one node read once, until when.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub node_id: String,
+    pub digest: Digest,
+    pub until: std::time::Instant,
+}
+
+/// How long a minted ticket stays usable.
+pub const TICKET_VALID: Duration = Duration::from_secs(60);
+
+/// Replicate an artifact onto a node, through a read minted for that one fetch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicateRequest {
+    /// A node id or name.
+    pub node: String,
+    pub digest: Digest,
+    /// Mint a one-time ticket for the coordinator's own blob store.
+    #[serde(default)]
+    pub ticket: bool,
+    /// Or an external HTTP URL, usable for `expires_in_ms` from when the node takes it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
+}
+
+/// An artifact in place on a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Replicated {
+    pub node_id: String,
+    pub digest: Digest,
+    pub size: u64,
+    pub copy_ms: u64,
+    pub bytes_per_s: Option<u64>,
 }
 
 impl Default for Live {
@@ -144,6 +185,7 @@ impl Default for Live {
             sessions: Mutex::new(HashMap::new()),
             serving: Default::default(),
             credentials: Default::default(),
+            tickets: Default::default(),
         }
     }
 }
@@ -164,19 +206,8 @@ impl Coordinator {
     /// Records a set with one waiting run per selected node, and wakes their sessions.
     pub fn create_runs(&self, request: &RunRequest) -> Result<SetView, CoordinatorError> {
         let bad = |m: String| CoordinatorError::Request(m);
-        let (workload, program) = match (&request.program_b64, &request.image) {
-            (Some(program_b64), None) => {
-                let program = B64
-                    .decode(program_b64)
-                    .map_err(|_| bad("the program is not base64".into()))?;
-                let digest = Digest::from_hasher({
-                    use sha2::Digest as _;
-                    let mut hasher = Sha256::new();
-                    hasher.update(&program);
-                    hasher
-                });
-                (Workload::Program(digest), Some(program))
-            }
+        let (workload, program) = match (&request.program, &request.image) {
+            (Some(digest), None) => (Workload::Program(digest.clone()), Some(digest)),
             (None, Some(image)) => {
                 let image = ImageRef::parse(image).map_err(bad)?;
                 (Workload::Image(image.to_string()), None)
@@ -195,6 +226,20 @@ impl Coordinator {
             }
             if !self.live.serving.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(bad("--registry-auth needs a serving coordinator: the credential is kept only in its memory until the node takes the run, never in the store; start `fleet-coordinator serve` first".into()));
+            }
+        }
+        let named = program
+            .map(|d| ("the program".to_string(), d))
+            .into_iter()
+            .chain(
+                (request.options.inputs.iter()).map(|(name, d)| (format!("the input {name}"), d)),
+            );
+        for (what, digest) in named {
+            if !self.blobs.has(digest) {
+                return Err(bad(format!(
+                    "{what} {digest} is not in the blob store {}; pass the file with --program or --input so it is added",
+                    self.blobs.root().display()
+                )));
             }
         }
         let nodes = self.store.nodes()?;
@@ -245,18 +290,13 @@ impl Coordinator {
             Workload::Program(digest) => digest.to_string(),
             Workload::Image(image) => image.clone(),
         };
-        let programs: Vec<(&str, &[u8])> = program
-            .as_deref()
-            .map(|bytes| (what.as_str(), bytes))
-            .into_iter()
-            .collect();
         if let Some(auth) = &request.registry_auth {
             let mut held = self.live.credentials.lock().expect("credentials");
             for run in &runs {
                 held.insert(run.id.clone(), auth.clone());
             }
         }
-        if let Err(e) = self.store.create_set(&set_id, &programs, &runs) {
+        if let Err(e) = self.store.create_set(&set_id, &runs) {
             let mut held = self.live.credentials.lock().expect("credentials");
             for run in &runs {
                 held.remove(&run.id);
@@ -291,22 +331,131 @@ impl Coordinator {
         Ok(rows.into_iter().map(RunView::from).collect())
     }
 
-    /// Fetches a file from a run's folder through its node's live session.
-    pub async fn collect(&self, run: &str, path: &str) -> Result<Collected, CoordinatorError> {
+    /// Has the node upload a file from a run's folder into the blob store (refused past
+    /// `max_bytes`), through its live session.
+    pub async fn collect(
+        &self,
+        run: &str,
+        path: &str,
+        max_bytes: Option<u64>,
+    ) -> Result<Collected, CoordinatorError> {
         let row = self.known_run(run)?;
         let command = Command::Collect {
             run_id: run.to_string(),
             path: path.to_string(),
+            max_bytes,
         };
-        match self.call_node(&row, "collect", command).await? {
-            Reply::Collected {
-                digest,
-                content_b64,
-            } => Ok(Collected {
-                digest,
-                content_b64,
-            }),
+        match self.call_node(&row.node_id, "collect", command).await? {
+            Reply::Collected { digest, size } if self.blobs.has(&digest) => {
+                Ok(Collected { digest, size })
+            }
+            Reply::Collected { digest, .. } => Err(CoordinatorError::Request(format!(
+                "node {} reported {path} uploaded as {digest}, but the blob store has no such blob; collect it again",
+                row.node_id
+            ))),
             other => Err(unexpected(&row, "collect", &other)),
+        }
+    }
+
+    /// Replicates an artifact onto a node through its live session, with the read the request
+    /// asks for (none is sent as none: the node refuses it in its own words); then asks the node
+    /// for fresh facts, which carry its measured link.
+    pub async fn replicate(
+        &self,
+        request: &ReplicateRequest,
+    ) -> Result<Replicated, CoordinatorError> {
+        let bad = |m: String| CoordinatorError::Request(m);
+        let node_id = self
+            .store
+            .nodes()?
+            .into_iter()
+            .find(|n| n.id == request.node || n.name.as_deref() == Some(&request.node))
+            .map(|n| n.id)
+            .ok_or_else(|| {
+                bad(format!(
+                    "no node matches {}: see `fleet-coordinator nodes`",
+                    request.node
+                ))
+            })?;
+        let digest = &request.digest;
+        let read = match (request.ticket, &request.url) {
+            (true, Some(_)) => {
+                return Err(bad(
+                    "pass either --file (a ticket) or --url, not both".into()
+                ));
+            }
+            (true, None) => {
+                if !self.blobs.has(digest) {
+                    return Err(bad(format!(
+                        "the blob store {} holds no {digest}; pass the artifact with --file",
+                        self.blobs.root().display()
+                    )));
+                }
+                let mut raw = [0u8; 32];
+                rand::thread_rng().fill_bytes(&mut raw);
+                let ticket = hex::encode(raw);
+                let minted = Ticket {
+                    node_id: node_id.clone(),
+                    digest: digest.clone(),
+                    until: std::time::Instant::now() + TICKET_VALID,
+                };
+                (self.live.tickets.lock().expect("tickets")).insert(ticket.clone(), minted);
+                Some(MintedRead::Ticket { ticket })
+            }
+            (false, Some(url)) => Some(MintedRead::Url {
+                url: url.clone(),
+                expires_in_ms: request.expires_in_ms.ok_or_else(|| {
+                    bad(
+                        "--url needs --expires-in: a read is minted for a while, never for ever"
+                            .into(),
+                    )
+                })?,
+            }),
+            (false, None) => None,
+        };
+        let command = Command::Replicate {
+            digest: digest.clone(),
+            read,
+        };
+        match self.call_node(&node_id, "replicate", command).await? {
+            Reply::Replicated {
+                digest,
+                size,
+                copy_ms,
+                bytes_per_s,
+            } => {
+                if let Err(e) = self.call_node(&node_id, "facts", Command::Facts).await {
+                    tracing::warn!(%node_id, "could not refresh the facts after a replicate: {e}");
+                }
+                Ok(Replicated {
+                    node_id,
+                    digest,
+                    size,
+                    copy_ms,
+                    bytes_per_s,
+                })
+            }
+            other => Err(CoordinatorError::Request(format!(
+                "node {node_id} answered replicate with {other:?}; run an agent of this coordinator's version"
+            ))),
+        }
+    }
+
+    /// Spends a ticket: Ok when it reads `digest` for `node_id` and has not expired; it is
+    /// gone either way.
+    pub fn spend_ticket(&self, ticket: &str, node_id: &str, digest: &Digest) -> Result<(), String> {
+        let minted = (self.live.tickets.lock().expect("tickets")).remove(ticket);
+        match minted {
+            None => Err(format!(
+                "the ticket for {digest} is spent or unknown: a ticket reads once; mint a new one"
+            )),
+            Some(t) if t.node_id != node_id || t.digest != *digest => Err(format!(
+                "the ticket was minted for another node or content than {digest}; mint one for this fetch"
+            )),
+            Some(t) if std::time::Instant::now() >= t.until => {
+                Err(format!("the ticket for {digest} expired; mint a new one"))
+            }
+            Some(_) => Ok(()),
         }
     }
 
@@ -329,7 +478,7 @@ impl Coordinator {
         let command = Command::Stop {
             run_id: run.to_string(),
         };
-        match self.call_node(&row, "stop", command).await? {
+        match self.call_node(&row.node_id, "stop", command).await? {
             Reply::Stopped { .. } => Ok(()),
             other => Err(unexpected(&row, "stop", &other)),
         }
@@ -345,7 +494,7 @@ impl Coordinator {
     /// command for the error when there is none) and returns the node's reply.
     async fn call_node(
         &self,
-        row: &RunRow,
+        node_id: &str,
         what: &str,
         command: Command,
     ) -> Result<Reply, CoordinatorError> {
@@ -354,20 +503,25 @@ impl Coordinator {
             .sessions
             .lock()
             .expect("sessions")
-            .get(&row.node_id)
+            .get(node_id)
             .map(|(_, tx)| tx.clone());
         let Some(link) = link else {
             return Err(CoordinatorError::Request(format!(
                 "node {} has no session now: {what} needs it connected to a serving coordinator",
-                row.node_id
+                node_id
             )));
         };
+        let command_is_collect =
+            matches!(command, Command::Collect { .. } | Command::Replicate { .. });
         let (reply, answer) = oneshot::channel();
-        let gone = || {
-            CoordinatorError::Request(format!("node {} went away before answering", row.node_id))
-        };
+        let gone =
+            || CoordinatorError::Request(format!("node {} went away before answering", node_id));
         link.send((command, reply)).await.map_err(|_| gone())?;
-        let answer = tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+        let patience = match command_is_collect {
+            true => COLLECT_TIMEOUT,
+            false => CALL_TIMEOUT,
+        };
+        let answer = tokio::time::timeout(patience, answer)
             .await
             .map_err(|_| gone())?
             .map_err(|_| gone())?;

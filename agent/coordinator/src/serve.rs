@@ -3,7 +3,6 @@
 use super::runs::NodeCall;
 use super::store::{NodeEvent, RunRow};
 use super::{Coordinator, http, node_id, token_hash};
-use base64::Engine;
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::pin::{self, CLOCK_SKEW, CertInfo};
 use fleet_proto::protocol::{self, Answer, Command, Down, MAX_UNIDENTIFIED_FRAME, StartRun, Up};
@@ -11,7 +10,6 @@ use fleet_proto::run::Workload;
 use std::collections::{HashMap, HashSet};
 use tokio::sync::{mpsc, oneshot};
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -103,6 +101,9 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
         let (swept_by, config) = (coordinator.clone(), config.clone());
         // The sweep is store calls only: off the async thread, like every other store call here.
         let swept = tokio::task::spawn_blocking(move || {
+            if let Err(e) = swept_by.sweep_blobs(crate::content::BLOB_GRACE) {
+                tracing::warn!("the blob sweep failed: {e}");
+            }
             swept_by.sweep(
                 config.waiting_timeout.as_millis() as u64,
                 up_since,
@@ -161,13 +162,62 @@ async fn handle_tls(
                 .map_err(|e| e.to_string())
         }
         Up::Hello { node_id } => session(coordinator, config, stream, cert, node_id).await,
-        _ => Err("a first message that is neither join nor hello".into()),
+        Up::Fetch {
+            node_id,
+            digest,
+            offset,
+            ticket,
+        } => {
+            known_node(coordinator, &cert, &node_id).await?;
+            if let Some(ticket) = ticket
+                && let Err(message) = coordinator.spend_ticket(&ticket, &node_id, &digest)
+            {
+                let refused = Down::ContentRefused {
+                    message: message.clone(),
+                };
+                let _ = protocol::write_msg(&mut stream, &refused).await;
+                return Err(message);
+            }
+            coordinator
+                .send_content(&mut stream, &node_id, &digest, offset)
+                .await
+        }
+        Up::Upload {
+            node_id,
+            digest,
+            size,
+        } => {
+            known_node(coordinator, &cert, &node_id).await?;
+            coordinator
+                .receive_content(&mut stream, &node_id, &digest, size)
+                .await
+        }
+        _ => Err("a first message that is neither join, hello, fetch nor upload".into()),
     }
 }
 
 fn peer_cert(stream: &TlsStream<TcpStream>) -> Option<CertInfo> {
     let certs = stream.get_ref().1.peer_certificates()?;
     pin::cert_info(certs.first()?).ok()
+}
+
+/// A session or content connection is a known node's only when its certificate carries the
+/// key that node joined with.
+async fn known_node(
+    coordinator: &Coordinator,
+    cert: &CertInfo,
+    node_id: &str,
+) -> Result<(), String> {
+    let id = node_id.to_string();
+    let node = coordinator
+        .with_store(move |store| store.node(&id))
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("a connection for an unknown node {node_id}"))?;
+    if node.public_key != pin::key_text(&cert.key) {
+        return Err(format!("a connection for {node_id} from another key"));
+    }
+    Ok(())
 }
 
 async fn session(
@@ -177,15 +227,7 @@ async fn session(
     cert: CertInfo,
     node_id: String,
 ) -> Result<(), String> {
-    let id = node_id.clone();
-    let node = coordinator
-        .with_store(move |store| store.node(&id))
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or("a session for an unknown node")?;
-    if node.public_key != pin::key_text(&cert.key) {
-        return Err(format!("a session for {node_id} from another key"));
-    }
+    known_node(coordinator, &cert, &node_id).await?;
     // The certificate is dated by the node's clock, which may be hours off: only its length
     // counts, and the session lapses that long from now by this coordinator's clock.
     let longest = (config.max_session_validity + CLOCK_SKEW).as_secs() as i64;
@@ -370,16 +412,8 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             if let Workload::Program(program) = &run.workload
                 && self.staged.insert(program.to_string())
             {
-                let digest = program.to_string();
-                let bytes = self
-                    .coordinator
-                    .with_store(move |store| store.program(&digest))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .unwrap_or_default();
                 let stage = Command::Stage {
                     digest: program.clone(),
-                    program_b64: B64.encode(bytes),
                 };
                 let stage_op = format!("stage-{}", program.hex());
                 self.inflight.insert(stage_op.clone(), Pending::Stage);

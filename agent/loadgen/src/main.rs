@@ -244,5 +244,6 @@ fn facts() -> Facts {
         os: "simulated".into(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         accelerators: Vec::new(),
+        measured_link: None,
     }
 }

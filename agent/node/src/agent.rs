@@ -27,6 +27,8 @@ pub struct AgentConfig {
     pub supervisor: Option<PathBuf>,
     /// The Docker engine images run on (the local socket by default).
     pub docker: crate::runtime::docker::EngineAddress,
+    /// Where replicated artifacts go; None refuses artifact commands.
+    pub artifact_root: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +52,7 @@ pub enum AgentError {
 pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentError> {
     let started = Instant::now();
     identity::prepare_state_dir(&config.state)?;
-    let identity = identity::load_or_create(&config.state)?;
+    let identity = Arc::new(identity::load_or_create(&config.state)?);
     let membership = match identity::load_membership(&config.state)? {
         Some(m) => {
             tracing::info!(node_id = %m.node_id, address = %m.address, "resuming the membership; no join needed");
@@ -91,7 +93,19 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
             .await
             .expect("opening the node does not panic")?
     };
-    let node = Arc::new(node);
+    let content = crate::content::ContentLink {
+        address: membership.address.clone(),
+        node_id: membership.node_id.clone(),
+        identity: identity.clone(),
+        pinned: fleet_proto::pin::parse_key_text(&membership.coordinator_key).unwrap_or_default(),
+        validity: config.session.validity,
+        blobs: crate::node::content_blobs(&config.state),
+    };
+    let node = Arc::new(node.with_content(
+        content,
+        config.artifact_root.as_deref(),
+        config.facts.link.clone(),
+    ));
     Ok(session::run(
         &identity,
         &membership,

@@ -33,6 +33,10 @@ pub struct AgentArgs {
     /// cloud-init's folder, whose copies of the user data are removed after the join
     #[arg(long, default_value = agent::DEFAULT_CLOUD_ROOT)]
     pub cloud_root: PathBuf,
+    /// Where replicated artifacts go (the operator's choice of disk); without it, artifact
+    /// commands are refused
+    #[arg(long)]
+    pub artifact_root: Option<PathBuf>,
     /// The tool that lists accelerators
     #[arg(long, default_value = "nvidia-smi")]
     pub accelerator_tool: PathBuf,

@@ -23,6 +23,7 @@ pub async fn collect(run_store: &Path, accelerator_tool: &Path) -> Facts {
         os: os_name().unwrap_or_else(|| "unknown".into()),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         accelerators: accelerators(accelerator_tool).await,
+        measured_link: None,
     }
 }
 
@@ -115,10 +116,88 @@ mod tests {
 pub struct FactsSource {
     pub run_store: std::path::PathBuf,
     pub accelerator_tool: std::path::PathBuf,
+    /// Artifact copies timed on this machine.
+    pub link: std::sync::Arc<LinkMeter>,
 }
 
 impl FactsSource {
     pub async fn collect(&self) -> Facts {
-        collect(&self.run_store, &self.accelerator_tool).await
+        let mut facts = collect(&self.run_store, &self.accelerator_tool).await;
+        facts.measured_link = self.link.published(std::time::Instant::now());
+        facts
+    }
+}
+
+/// How long a link reading stands after the last copy was timed.
+pub const LINK_VALID: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The slowest whole artifact copy rate seen, and when the last copy was timed (monotonic).
+#[derive(Debug, Default)]
+pub struct LinkMeter(std::sync::Mutex<Option<(u64, std::time::Instant)>>);
+
+impl LinkMeter {
+    /// Records one copy's rate, timed at `at`; readings older than [`LINK_VALID`] are forgotten.
+    pub fn record(&self, bytes_per_s: u64, at: std::time::Instant) {
+        let mut reading = self.0.lock().expect("link meter");
+        let slowest = match *reading {
+            Some((slowest, last)) if at.saturating_duration_since(last) < LINK_VALID => {
+                slowest.min(bytes_per_s)
+            }
+            _ => bytes_per_s,
+        };
+        *reading = Some((slowest, at));
+    }
+
+    /// The measured link as of `now`, or None an hour after the last reading.
+    pub fn published(&self, now: std::time::Instant) -> Option<fleet_proto::facts::MeasuredLink> {
+        let (slowest, last) = (*self.0.lock().expect("link meter"))?;
+        let age = now.saturating_duration_since(last);
+        (age < LINK_VALID).then(|| fleet_proto::facts::MeasuredLink {
+            bytes_per_s: slowest,
+            age_ms: age.as_millis() as u64,
+            valid_for_ms: (LINK_VALID - age).as_millis() as u64,
+            confidence: 0.9,
+            basis: "whole_copy".into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_slowest_copy_is_published_for_an_hour_after_the_last() {
+        let meter = LinkMeter::default();
+        let t0 = Instant::now();
+        assert_eq!(meter.published(t0), None, "no copy, no link");
+        meter.record(300, t0);
+        meter.record(100, t0 + Duration::from_secs(60));
+        meter.record(200, t0 + Duration::from_secs(120));
+        let at = t0 + Duration::from_secs(180);
+        let link = meter.published(at).unwrap();
+        assert_eq!(
+            (
+                link.bytes_per_s,
+                link.age_ms,
+                link.valid_for_ms,
+                link.confidence
+            ),
+            (100, 60_000, 3_540_000, 0.9)
+        );
+        assert_eq!(link.basis, "whole_copy");
+        let expired = t0 + Duration::from_secs(120) + LINK_VALID;
+        assert_eq!(
+            meter.published(expired),
+            None,
+            "an hour after the last reading"
+        );
+        meter.record(500, expired);
+        assert_eq!(
+            meter.published(expired).unwrap().bytes_per_s,
+            500,
+            "starts afresh"
+        );
     }
 }

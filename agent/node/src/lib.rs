@@ -5,6 +5,7 @@
 //! `runtime` (the `Runtime` trait and the process runtime), `state` (the node's store).
 pub mod agent;
 pub mod backoff;
+pub mod content;
 pub mod dial;
 pub mod facts;
 pub mod identity;
@@ -13,3 +14,4 @@ pub mod node;
 pub mod runtime;
 pub mod session;
 pub mod state;
+pub mod url_read;

@@ -23,7 +23,9 @@ fn run_agent(args: AgentArgs) -> Result<()> {
         facts: FactsSource {
             run_store: args.run_store,
             accelerator_tool: args.accelerator_tool,
+            link: Default::default(),
         },
+        artifact_root: args.artifact_root,
         session: SessionSettings {
             validity: args.session_validity,
             retry_base: args.retry_base,

@@ -1,26 +1,30 @@
 //! The node's work: each command executed against the runtime and recorded in the node's store
 //! before it is answered, so a redelivered command is answered from the record, never redone.
+use crate::content::ContentLink;
+use crate::facts::LinkMeter;
 use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started};
 use crate::state::{StateError, Store};
-use base64::Engine;
 use fleet_proto::Digest;
-use fleet_proto::protocol::{Answer, Command, Refusal, RefusalClass, Reply, StartRun};
+use fleet_proto::content::{Blobs, ContentError};
+use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
+use fleet_proto::run::Workload;
 use serde_json::json;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// The largest file a collect carries back in one message.
-pub const MAX_COLLECT: u64 = 8 << 20;
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-static STAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static COLLECTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Temporary files of the node under its state folder: programs being staged, inputs, collects.
 pub fn scratch_dir(state: &Path) -> PathBuf {
     state.join("scratch")
+}
+
+/// The node's content by digest (programs, inputs), whole and checked, under its state folder.
+pub fn content_blobs(state: &Path) -> Blobs {
+    Blobs::new(state.join("content"))
 }
 
 /// The node's durable store and its runtime.
@@ -29,6 +33,14 @@ pub struct Node {
     pub runtime: Arc<dyn Runtime>,
     /// Temporary files (programs being staged, inputs, collected files); never secrets.
     scratch: PathBuf,
+    /// Content held whole and checked, by digest.
+    blobs: Blobs,
+    /// How content reaches the node and collected files leave it; None until it has joined.
+    content: Option<ContentLink>,
+    /// Where artifacts are replicated to, and the meter their copies are timed into.
+    artifacts: Option<(Blobs, Arc<LinkMeter>)>,
+    /// A lock per digest being fetched.
+    fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::Mutex<()>>>>,
 }
 
 impl Node {
@@ -40,7 +52,24 @@ impl Node {
             store,
             runtime,
             scratch,
+            blobs: content_blobs(state),
+            content: None,
+            artifacts: None,
+            fetching: Default::default(),
         })
+    }
+
+    /// The node with its content path to the coordinator, and its artifact root (if any) whose
+    /// copies are timed into `meter`.
+    pub fn with_content(
+        mut self,
+        content: ContentLink,
+        artifact_root: Option<&Path>,
+        meter: Arc<LinkMeter>,
+    ) -> Node {
+        self.content = Some(content);
+        self.artifacts = artifact_root.map(|root| (Blobs::new(root), meter));
+        self
     }
 
     /// Answers one command (blocking). Fenced by `generation`; mutating commands are answered
@@ -75,10 +104,7 @@ impl Node {
             }
         }
         let answer = match command {
-            Command::Stage {
-                digest,
-                program_b64,
-            } => self.stage(digest, program_b64),
+            Command::Stage { digest } => self.stage(digest),
             Command::Start(start) => self.start(op, start),
             Command::Stop { run_id } => self
                 .runtime
@@ -96,7 +122,12 @@ impl Node {
                     report: s.report,
                 })
                 .map_err(refused),
-            Command::Collect { run_id, path } => self.collect(run_id, path),
+            Command::Collect {
+                run_id,
+                path,
+                max_bytes,
+            } => self.collect(run_id, path, max_bytes.unwrap_or(u64::MAX)),
+            Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
                 "facts are answered by the session",
@@ -111,34 +142,38 @@ impl Node {
         answer
     }
 
-    fn scratch_file(&self, name: &str) -> Result<PathBuf, String> {
-        std::fs::create_dir_all(&self.scratch)
-            .map_err(|e| format!("cannot create {}: {e}", self.scratch.display()))?;
-        Ok(self.scratch.join(name))
+    /// The checked local copy of `digest`, fetched from the coordinator when not held yet.
+    fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
+        // One fetch per digest at a time: fetches of one digest share its partial file.
+        let lock = (self.fetching.lock().expect("fetch locks"))
+            .entry(digest.hex().to_string())
+            .or_default()
+            .clone();
+        let _one = lock.lock().expect("a fetch lock");
+        let held = self.blobs.path(digest);
+        if held.is_file() {
+            return Ok(held);
+        }
+        let Some(link) = &self.content else {
+            return Err(Refusal::new(
+                RefusalClass::NotStaged,
+                format!(
+                    "content {digest}: this node holds no copy and has no content path to a coordinator"
+                ),
+            ));
+        };
+        tokio::runtime::Handle::current()
+            .block_on(link.fetch(digest))
+            .map_err(content_refused)
     }
 
-    fn stage(&self, digest: &Digest, program_b64: &str) -> Answer {
-        let other = |m: String| Refusal::new(RefusalClass::Other, m);
-        let Ok(bytes) = B64.decode(program_b64) else {
-            return Err(other(format!("stage {digest}: the program is not base64")));
-        };
-        // Stages run side by side, so each gets a file of its own.
-        let n = STAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let file = self
-            .scratch_file(&format!("stage-{}-{n}", std::process::id()))
-            .map_err(other)?;
-        if let Err(e) = std::fs::write(&file, &bytes) {
-            return Err(other(format!(
-                "stage {digest}: cannot write the program: {e}"
-            )));
-        }
-        let staged = self.runtime.stage(&file);
-        let _ = std::fs::remove_file(&file);
-        match staged {
+    fn stage(&self, digest: &Digest) -> Answer {
+        let file = self.fetch(digest)?;
+        match self.runtime.stage(&file) {
             Ok(got) if got == *digest => Ok(Reply::Staged { digest: got }),
             Ok(got) => Err(Refusal::new(
                 RefusalClass::NotStaged,
-                format!("stage {digest}: the bytes sent hash to {got}; resend the program"),
+                format!("stage {digest}: the fetched program hashes to {got}; stage it again"),
             )),
             Err(e) => Err(refused(e)),
         }
@@ -166,11 +201,18 @@ impl Node {
             }
             Err(e) => return Err(store_failed(e)),
         }
-        let inputs = match self.write_inputs(start) {
+        // A program this node does not hold (its stage failed, or never came) is fetched and
+        // staged now, so a run that cannot be delivered fails its own row saying why.
+        if let Workload::Program(digest) = &start.workload
+            && !self.blobs.has(digest)
+            && let Err(r) = self.stage(digest)
+        {
+            let refusal = Refusal::new(r.class, format!("run {run_id}: {}", r.message));
+            return self.fail_run(start, refusal);
+        }
+        let inputs = match self.fetch_inputs(start) {
             Ok(i) => i,
-            Err(e) => {
-                return self.fail_run(start, Refusal::new(RefusalClass::Other, e));
-            }
+            Err(refusal) => return self.fail_run(start, refusal),
         };
         if let Err(e) = self.store.track_run(run_id, &start.workload) {
             return Err(store_failed(e));
@@ -192,11 +234,7 @@ impl Node {
             resources: start.options.resources.clone(),
             registry_auth: start.registry_auth.clone(),
         };
-        let started = self.runtime.start(&spec);
-        if let Some(dir) = spec.inputs.first().and_then(|(_, p)| p.parent()) {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        match started {
+        match self.runtime.start(&spec) {
             Ok(started) => Ok(Reply::Started {
                 run_id: run_id.clone(),
                 already: started == Started::Already,
@@ -221,42 +259,124 @@ impl Node {
         }
     }
 
-    fn write_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, String> {
+    /// The inputs as (name, the node's checked copy), fetched when not held yet. The runtime
+    /// copies each into the run, so a run never changes the node's content.
+    fn fetch_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, Refusal> {
+        let run_id = &start.run_id;
         let mut out = Vec::new();
-        for (name, content) in &start.options.inputs {
+        for (name, digest) in &start.options.inputs {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                return Err(format!(
-                    "run {}: input name {name:?} must be a plain file name",
-                    start.run_id
+                return Err(Refusal::new(
+                    RefusalClass::Other,
+                    format!("run {run_id}: input name {name:?} must be a plain file name"),
                 ));
             }
-            let bytes = B64
-                .decode(content)
-                .map_err(|_| format!("run {}: input {name} is not base64", start.run_id))?;
-            let dir = self.scratch_file(&format!("inputs-{}", start.run_id))?;
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| format!("run {}: cannot write input {name}: {e}", start.run_id))?;
-            let path = dir.join(name);
-            std::fs::write(&path, bytes).map_err(|e| match e.raw_os_error() {
-                Some(28) => format!("run {}: input {name} does not fit on the disk ({e}); free space or send a smaller input", start.run_id),
-                _ => format!("run {}: cannot write input {name}: {e}", start.run_id),
+            let held = self.fetch(digest).map_err(|r| {
+                Refusal::new(
+                    r.class,
+                    format!("run {run_id}: input {name}: {}", r.message),
+                )
             })?;
-            out.push((name.clone(), path));
+            out.push((name.clone(), held));
         }
         Ok(out)
     }
 
-    fn collect(&self, run_id: &str, path: &str) -> Answer {
-        let mut bytes = Vec::new();
-        let collected = self
-            .runtime
-            .collect(run_id, path, MAX_COLLECT, &mut bytes)
-            .map_err(refused)?;
-        Ok(Reply::Collected {
-            digest: collected.digest,
-            content_b64: B64.encode(bytes),
+    /// Replicates an artifact into the artifact root through the read minted for this fetch, and
+    /// times the whole copy (the path, the disk and the hash together) into the link meter.
+    fn replicate(&self, digest: &Digest, read: Option<&MintedRead>) -> Answer {
+        let taken_up = Instant::now();
+        let refuse = |m: &str| Refusal::new(RefusalClass::Other, format!("artifact {digest}: {m}"));
+        let Some(read) = read else {
+            return Err(refuse(
+                "the command carries no minted read (a coordinator ticket or an expiring URL), and this node holds no standing credential to any store; mint a read for this one fetch",
+            ));
+        };
+        let Some((root, meter)) = &self.artifacts else {
+            return Err(refuse(
+                "this node has no artifact root; start the agent with --artifact-root DIR on the disk artifacts belong on",
+            ));
+        };
+        let held = root.path(digest);
+        if let Ok(meta) = std::fs::metadata(&held) {
+            return Ok(Reply::Replicated {
+                digest: digest.clone(),
+                size: meta.len(),
+                copy_ms: 0,
+                bytes_per_s: None,
+            });
+        }
+        let runtime = tokio::runtime::Handle::current();
+        let landed = match read {
+            MintedRead::Ticket { ticket } => {
+                let Some(link) = &self.content else {
+                    return Err(refuse("this node has no content path to a coordinator"));
+                };
+                runtime.block_on(link.fetch_into(root, digest, Some(ticket)))
+            }
+            MintedRead::Url { url, expires_in_ms } => {
+                let deadline = taken_up + Duration::from_millis(*expires_in_ms);
+                runtime.block_on(crate::content::retrying(digest, || {
+                    crate::content::land(root, digest, |offset| {
+                        crate::url_read::open(url, digest, offset, deadline)
+                    })
+                }))
+            }
+        };
+        let path = landed.map_err(content_refused)?;
+        let copy = taken_up.elapsed();
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let bytes_per_s = (size as u128 * 1000 / copy.as_millis().max(1)) as u64;
+        meter.record(bytes_per_s, Instant::now());
+        tracing::info!(%digest, size, copy_ms = copy.as_millis() as u64, bytes_per_s, "artifact replicated");
+        Ok(Reply::Replicated {
+            digest: digest.clone(),
+            size,
+            copy_ms: copy.as_millis() as u64,
+            bytes_per_s: Some(bytes_per_s),
         })
     }
+
+    /// Collects the file into a scratch file (bounded by `max_bytes`), then uploads it.
+    fn collect(&self, run_id: &str, path: &str, max_bytes: u64) -> Answer {
+        let other = |m: String| Refusal::new(RefusalClass::Other, m);
+        std::fs::create_dir_all(&self.scratch)
+            .map_err(|e| other(format!("cannot create {}: {e}", self.scratch.display())))?;
+        let n = COLLECTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = self
+            .scratch
+            .join(format!("collect-{}-{n}", std::process::id()));
+        let result = (|| {
+            let collected = self
+                .runtime
+                .collect_file(run_id, path, max_bytes, &file)
+                .map_err(refused)?;
+            let Some(link) = &self.content else {
+                return Err(other(format!(
+                    "run {run_id}: collect {path}: this node has no content path to a coordinator"
+                )));
+            };
+            tokio::runtime::Handle::current()
+                .block_on(link.upload(&file, &collected.digest, collected.size))
+                .map_err(content_refused)?;
+            Ok(Reply::Collected {
+                digest: collected.digest,
+                size: collected.size,
+            })
+        })();
+        let _ = std::fs::remove_file(&file);
+        result
+    }
+}
+
+/// A content error as the refusal the coordinator reads.
+fn content_refused(e: ContentError) -> Refusal {
+    let class = match &e {
+        ContentError::NoSpace { .. } => RefusalClass::NoSpace,
+        ContentError::Mismatch { .. } => RefusalClass::NotStaged,
+        _ => RefusalClass::Other,
+    };
+    Refusal::new(class, e)
 }
 
 /// A runtime error as the refusal the coordinator reads.

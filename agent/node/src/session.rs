@@ -48,6 +48,8 @@ struct Working {
     starting: std::collections::HashSet<String>,
     /// Stages in flight.
     staging: usize,
+    /// Commands waiting for what they follow, in arrival order.
+    deferred: std::collections::VecDeque<(String, u64, Command)>,
 }
 
 impl Working {
@@ -243,6 +245,7 @@ impl Session<'_> {
                     if let Err(ended) = self.answer(writer, &mut working, done, &mut sent_up_to).await {
                         return ended;
                     }
+                    self.spawn_ready(&mut working);
                 }
                 _ = heartbeat.tick() => {
                     if let Err(e) = protocol::write_msg(writer, &Up::Heartbeat).await {
@@ -264,7 +267,7 @@ impl Session<'_> {
                         }
                     }
                     Some(Ok(Some(Ok(Down::Command { op, generation: g, command })))) => {
-                        if let Err(ended) = self.dispatch(writer, &mut working, op, g, command, &mut sent_up_to).await {
+                        if let Err(ended) = self.dispatch(writer, &mut working, op, g, command).await {
                             return ended;
                         }
                     }
@@ -280,7 +283,10 @@ impl Session<'_> {
         }
     }
 
-    /// Starts one command beside the loop (facts, which the session sends itself, in order).
+    /// Starts one command beside the loop (facts, which the session sends itself, in order). A
+    /// command that must wait (a start while programs are being staged, a command about a run
+    /// whose start is in flight, or a full house) waits in order in `deferred`, so the loop goes
+    /// on with heartbeats however long a stage takes.
     async fn dispatch<W: AsyncWrite + Unpin>(
         &self,
         writer: &mut W,
@@ -288,52 +294,51 @@ impl Session<'_> {
         op: String,
         generation: u64,
         command: Command,
-        sent_up_to: &mut u64,
     ) -> Result<(), Ended> {
-        let held = match &command {
-            Command::Facts => return self.send_facts(writer, op).await,
-            Command::Stage { .. } => Holds::Stage,
-            Command::Start(start) => {
-                while working.staging > 0 || working.starting.len() >= MAX_STARTING {
-                    self.answer_next(writer, working, sent_up_to).await?;
-                }
-                Holds::Start(start.run_id.clone())
-            }
-            Command::Stop { run_id }
-            | Command::Status { run_id }
-            | Command::Collect { run_id, .. } => {
-                while working.starting.contains(run_id) {
-                    self.answer_next(writer, working, sent_up_to).await?;
-                }
-                Holds::Nothing
-            }
-        };
-        while working.tasks.len() >= MAX_WORKING {
-            self.answer_next(writer, working, sent_up_to).await?;
+        if let Command::Facts = command {
+            return self.send_facts(writer, op).await;
         }
-        working.hold(&held);
-        let node = self.node.clone();
-        working.tasks.spawn_blocking(move || {
-            let answer = node.execute(&op, generation, &command);
-            Done { op, answer, held }
-        });
+        working.deferred.push_back((op, generation, command));
+        self.spawn_ready(working);
         Ok(())
     }
 
-    async fn answer_next<W: AsyncWrite + Unpin>(
-        &self,
-        writer: &mut W,
-        working: &mut Working,
-        sent_up_to: &mut u64,
-    ) -> Result<(), Ended> {
-        match working.tasks.join_next().await {
-            Some(done) => self.answer(writer, working, done, sent_up_to).await,
+    /// Starts the waiting commands, oldest first, up to the first that must still wait.
+    fn spawn_ready(&self, working: &mut Working) {
+        if working.tasks.is_empty() {
             // Nothing left running: a command that crashed holds nothing up any more.
-            None => {
-                working.starting.clear();
-                working.staging = 0;
-                Ok(())
+            working.starting.clear();
+            working.staging = 0;
+        }
+        while let Some((_, _, command)) = working.deferred.front() {
+            let held = match command {
+                Command::Stage { .. } => Holds::Stage,
+                Command::Start(start) => {
+                    if working.staging > 0 || working.starting.len() >= MAX_STARTING {
+                        return;
+                    }
+                    Holds::Start(start.run_id.clone())
+                }
+                Command::Stop { run_id }
+                | Command::Status { run_id }
+                | Command::Collect { run_id, .. } => {
+                    if working.starting.contains(run_id) {
+                        return;
+                    }
+                    Holds::Nothing
+                }
+                Command::Facts | Command::Replicate { .. } => Holds::Nothing,
+            };
+            if working.tasks.len() >= MAX_WORKING {
+                return;
             }
+            let (op, generation, command) = working.deferred.pop_front().expect("a front");
+            working.hold(&held);
+            let node = self.node.clone();
+            working.tasks.spawn_blocking(move || {
+                let answer = node.execute(&op, generation, &command);
+                Done { op, answer, held }
+            });
         }
     }
 

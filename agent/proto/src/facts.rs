@@ -12,6 +12,24 @@ pub struct Facts {
     pub os: String,
     pub agent_version: String,
     pub accelerators: Vec<Accelerator>,
+    /// The slowest whole artifact copy this machine made in the last hour, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_link: Option<MeasuredLink>,
+}
+
+/// How fast this machine really copied an artifact: the path, its disk and the hash together,
+/// timed as one whole copy (not the network alone). The slowest copy seen, valid for one hour
+/// from the last reading. Ages rather than dates, so no clock is compared across machines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredLink {
+    pub bytes_per_s: u64,
+    /// How long ago the last copy was timed.
+    pub age_ms: u64,
+    /// How much longer this reading stands.
+    pub valid_for_ms: u64,
+    pub confidence: f64,
+    /// What was timed: always `whole_copy`.
+    pub basis: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@
 //! trust, `facts` what a machine reports. `binary`, `fsutil`, `duration` and `logging` are the
 //! small helpers both binaries share.
 pub mod binary;
+pub mod content;
 pub mod duration;
 pub mod facts;
 pub mod fsutil;

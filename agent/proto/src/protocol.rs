@@ -27,6 +27,23 @@ pub enum Up {
     Hello {
         node_id: String,
     },
+    /// The first message of a content connection: send the content of `digest` from byte
+    /// `offset` (what the node already holds of it), as raw bytes after [`Down::Content`].
+    Fetch {
+        node_id: String,
+        digest: Digest,
+        offset: u64,
+        /// For an artifact: the one-time ticket the coordinator minted for this fetch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ticket: Option<String>,
+    },
+    /// The first message of an upload: `size` raw bytes of `digest` follow; the coordinator
+    /// answers [`Down::Stored`] once they are checked and in its blob store.
+    Upload {
+        node_id: String,
+        digest: Digest,
+        size: u64,
+    },
     Facts {
         facts: Facts,
     },
@@ -69,6 +86,19 @@ pub enum Down {
     Ack {
         up_to: u64,
     },
+    /// On a content connection: the content is `size` bytes in all, and the bytes from the
+    /// asked offset follow raw.
+    Content {
+        size: u64,
+    },
+    /// On an upload connection: the bytes landed, checked, under their digest.
+    Stored {
+        digest: Digest,
+    },
+    /// A content connection refused, in one line.
+    ContentRefused {
+        message: String,
+    },
 }
 
 /// What the coordinator asks of a node.
@@ -76,10 +106,9 @@ pub enum Down {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Command {
-    /// Stage a program by digest, carrying its bytes.
+    /// Stage a program by digest; the node fetches the bytes it lacks on a content connection.
     Stage {
         digest: Digest,
-        program_b64: String,
     },
     Start(StartRun),
     Stop {
@@ -88,12 +117,33 @@ pub enum Command {
     Status {
         run_id: String,
     },
-    /// Read a file from a run's folder.
+    /// Upload a file from a run's folder to the coordinator's blob store, refused past
+    /// `max_bytes` when given.
     Collect {
         run_id: String,
         path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bytes: Option<u64>,
     },
     Facts,
+    /// Replicate one immutable artifact by digest into the node's artifact root, through the
+    /// read minted for this one fetch; a command with none is refused.
+    Replicate {
+        digest: Digest,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        read: Option<MintedRead>,
+    },
+}
+
+/// A read minted for one fetch: the node holds no standing credential to any store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MintedRead {
+    /// A coordinator-issued ticket for its own blob store: valid once, for a short time.
+    Ticket { ticket: String },
+    /// An external HTTP URL (an object store's presigned URL, say), usable for `expires_in_ms`
+    /// from when the node receives the command (a duration, so no clocks are compared).
+    Url { url: String, expires_in_ms: u64 },
 }
 
 impl Command {
@@ -141,11 +191,20 @@ pub enum Reply {
         state: RunState,
         report: RunReport,
     },
+    /// The file is in the coordinator's blob store under `digest`.
     Collected {
         digest: Digest,
-        content_b64: String,
+        size: u64,
     },
     FactsSent,
+    /// The artifact is in the artifact root, checked; `copy_ms` timed the whole copy (0 and no
+    /// rate when it was there already).
+    Replicated {
+        digest: Digest,
+        size: u64,
+        copy_ms: u64,
+        bytes_per_s: Option<u64>,
+    },
 }
 
 /// Why a node refused a command: a class both sides match on, and one line for people.

@@ -208,9 +208,9 @@ pub struct RunOptions {
     pub output_limit: Option<u64>,
     #[serde(default)]
     pub env: Vec<(String, String)>,
-    /// Input files as `(NAME, base64 content)`.
+    /// Input files as `(NAME, digest)`; the node fetches each by digest before the start.
     #[serde(default)]
-    pub inputs: Vec<(String, String)>,
+    pub inputs: Vec<(String, Digest)>,
     #[serde(default, skip_serializing_if = "Resources::is_default")]
     pub resources: Resources,
 }

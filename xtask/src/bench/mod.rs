@@ -2,6 +2,7 @@
 mod agent;
 mod build;
 pub(crate) mod container;
+mod content;
 mod fleet;
 pub(crate) mod registry;
 mod supervisor;
@@ -27,6 +28,8 @@ pub enum Which {
         #[arg(long, default_value_t = 10_000)]
         nodes: usize,
     },
+    /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
+    Content,
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -37,5 +40,6 @@ pub fn run(which: Which) -> Result<()> {
         Which::Agent => agent::run(),
         Which::Container => container::run(),
         Which::Fleet { nodes } => fleet::run(nodes),
+        Which::Content => content::run(),
     }
 }

@@ -124,12 +124,14 @@ pub fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u6
     }
 }
 
-/// Records a set of `runs`, all of `program`.
-fn create(store: &Store, set_id: &str, program: &[u8], runs: &[RunRow]) {
-    let digest = digest(program).to_string();
-    store
-        .create_set(set_id, &[(digest.as_str(), program)], runs)
-        .unwrap();
+/// Records a set of `runs`.
+fn create(store: &Store, set_id: &str, runs: &[RunRow]) {
+    store.create_set(set_id, runs).unwrap();
+}
+
+/// How many references stored runs hold on the content.
+fn refs(store: &Store, digest: &str) -> u64 {
+    store.read(|tx| tx.program_refs(digest)).unwrap()
 }
 
 fn event(id: u64, run_id: &str, state: RunState) -> NodeEvent {
@@ -336,7 +338,7 @@ pub fn sessions_and_heartbeats(blank: Blank) {
 pub fn events_deduped_by_id(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
-    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     let up_to = store
         .apply_events(NODE_A, &[event(1, "r1", RunState::Starting)])
         .unwrap();
@@ -367,7 +369,7 @@ pub fn events_deduped_by_id(blank: Blank) {
 pub fn states_move_only_forward(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
-    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     store
         .apply_events(
             NODE_A,
@@ -413,7 +415,7 @@ pub fn states_move_only_forward(blank: Blank) {
 pub fn unreadable_event_refused(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
-    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     let unreadable = NodeEvent::Unreadable {
         id: 1,
         run_id: "r1".into(),
@@ -437,7 +439,7 @@ pub fn events_of_another_node_ignored(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
     join(&store, NODE_B, KEY_B);
-    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     let up_to = store
         .apply_events(
             NODE_B,
@@ -470,7 +472,6 @@ pub fn accept_with_error_fails_waiting_run(blank: Blank) {
     create(
         &store,
         "s1",
-        b"p",
         &[
             run("r1", "s1", NODE_A, b"p", 1),
             run("r2", "s1", NODE_A, b"p", 2),
@@ -511,7 +512,6 @@ pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
     create(
         &store,
         "s1",
-        b"p",
         &[
             run("r-a", "s1", NODE_A, b"p", 30),
             run("r-b", "s1", NODE_A, b"p", 10),
@@ -523,7 +523,6 @@ pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
     create(
         &store,
         "s2",
-        b"q",
         &[
             run("r-f", "s2", NODE_A, b"q", 15),
             run("r-aa", "s2", NODE_A, b"q", 10),
@@ -556,7 +555,6 @@ pub fn fail_run_ends_only_active_runs(blank: Blank) {
     create(
         &store,
         "s1",
-        b"p",
         &[
             run("r1", "s1", NODE_A, b"p", 1),
             run("r2", "s1", NODE_A, b"p", 2),
@@ -593,41 +591,40 @@ pub fn fail_run_ends_only_active_runs(blank: Blank) {
     assert_eq!(final_count(&store), 1);
 }
 
-/// A set is recorded whole or not at all: new waiting runs of that set, each program given or
-/// already stored; a program already stored is found by digest.
+/// A set is recorded whole or not at all, as new waiting runs of that set; each run holds a
+/// reference on each content it names (program and inputs), counted by digest.
 pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
     let p = digest(b"p").to_string();
     let refused = |result| matches!(result, Err(StoreError::Refused(_)));
+    assert!(refused(store.create_set("s0", &[])), "no runs");
     assert!(
-        refused(store.create_set("s0", &[(&p, b"p")], &[])),
-        "no runs"
-    );
-    assert!(
-        refused(store.create_set("s0", &[], &[run("r0", "s0", NODE_A, b"p", 1)])),
-        "a program neither given nor stored"
-    );
-    assert!(
-        refused(store.create_set("s0", &[(&p, b"p")], &[run("r0", "s9", NODE_A, b"p", 1)])),
+        refused(store.create_set("s0", &[run("r0", "s9", NODE_A, b"p", 1)])),
         "a run of another set"
     );
     let mut accepted = run("r0", "s0", NODE_A, b"p", 1);
     accepted.accepted = true;
-    assert!(refused(store.create_set("s0", &[(&p, b"p")], &[accepted])));
+    assert!(refused(store.create_set("s0", &[accepted])));
     assert!(store.set_runs("s0").unwrap().is_none(), "nothing recorded");
-    assert!(store.program(&p).unwrap().is_none(), "nothing recorded");
-    create(&store, "s1", b"p", &[run("r1", "s1", NODE_A, b"p", 1)]);
-    assert_eq!(store.program(&p).unwrap().as_deref(), Some(&b"p"[..]));
-    store
-        .create_set("s2", &[], &[run("r2", "s2", NODE_A, b"p", 2)])
-        .expect("a stored program need not be given again");
+    assert_eq!(refs(&store, &p), 0, "nothing recorded");
+    create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    assert_eq!(refs(&store, &p), 1);
+    let mut with_input = run("r2", "s2", NODE_A, b"p", 2);
+    let input = digest(b"i");
+    with_input.options.inputs = vec![("data".into(), input.clone())];
+    store.create_set("s2", &[with_input]).unwrap();
+    assert_eq!(
+        refs(&store, &input.to_string()),
+        1,
+        "an input is referenced too"
+    );
     assert!(
-        refused(store.create_set("s2", &[], &[run("r3", "s2", NODE_A, b"p", 3)])),
+        refused(store.create_set("s2", &[run("r3", "s2", NODE_A, b"p", 3)])),
         "an existing set"
     );
     assert!(
-        refused(store.create_set("s3", &[], &[run("r1", "s3", NODE_A, b"p", 3)])),
+        refused(store.create_set("s3", &[run("r1", "s3", NODE_A, b"p", 3)])),
         "an existing run"
     );
     let s1: Vec<String> = store
@@ -654,11 +651,10 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
         digest(b"p2").to_string(),
         digest(b"p3").to_string(),
     );
-    create(&store, "s1", b"p1", &[run("r1", "s1", NODE_A, b"p1", 1)]);
+    create(&store, "s1", &[run("r1", "s1", NODE_A, b"p1", 1)]);
     create(
         &store,
         "s2",
-        b"p2",
         &[
             run("r2", "s2", NODE_A, b"p2", 2),
             run("r3", "s2", NODE_A, b"p2", 3),
@@ -667,7 +663,6 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     create(
         &store,
         "s3",
-        b"p3",
         &[
             run("r4", "s3", NODE_A, b"p3", 4),
             run("r5", "s3", NODE_A, b"p3", 5),
@@ -692,10 +687,7 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
         store.set_runs("s1").unwrap().is_none(),
         "its set, now empty, too"
     );
-    assert!(
-        store.program(&p1).unwrap().is_none(),
-        "its program, now unused, too"
-    );
+    assert!(refs(&store, &p1) == 0, "its program, now unused, too");
     assert_eq!(final_count(&store), 2);
 
     store.fail_run("r3", RunState::Failed, "swept").unwrap();
@@ -708,10 +700,7 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
         .map(|r| r.id)
         .collect();
     assert_eq!(s2, ["r3"]);
-    assert!(
-        store.program(&p2).unwrap().is_some(),
-        "a program a kept run uses stays"
-    );
+    assert!(refs(&store, &p2) > 0, "a program a kept run uses stays");
 
     finish("r5", 4);
     assert!(store.run("r4").unwrap().is_none());
@@ -719,14 +708,13 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
         store.set_runs("s3").unwrap().map(|runs| runs.len()),
         Some(1)
     );
-    assert!(store.program(&p3).unwrap().is_some(), "r5 still uses p3");
+    assert!(refs(&store, &p3) > 0, "r5 still uses p3");
     assert_eq!(final_count(&store), 2);
 
     // A program an active run still uses outlives every final run that used it.
     create(
         &store,
         "s4",
-        b"p1",
         &[
             run("r6", "s4", NODE_A, b"p1", 6),
             run("r7", "s4", NODE_A, b"p1", 7),
@@ -735,11 +723,10 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     finish("r6", 5);
     store.fail_run("r3", RunState::Failed, "again").unwrap();
     assert!(store.set_runs("s2").unwrap().is_none(), "s2 pruned with r3");
-    assert!(store.program(&p2).unwrap().is_none(), "p2 pruned with r3");
+    assert!(refs(&store, &p2) == 0, "p2 pruned with r3");
     create(
         &store,
         "s5",
-        b"p2",
         &[
             run("r8", "s5", NODE_A, b"p2", 8),
             run("r9", "s5", NODE_A, b"p2", 9),
@@ -748,16 +735,10 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     store.fail_run("r8", RunState::Lost, "gone").unwrap();
     store.fail_run("r9", RunState::Lost, "gone").unwrap();
     assert!(store.run("r6").unwrap().is_none(), "r6 pruned");
-    assert!(
-        store.program(&p1).unwrap().is_some(),
-        "r7 (waiting) still uses p1"
-    );
+    assert!(refs(&store, &p1) > 0, "r7 (waiting) still uses p1");
     assert_eq!(active_ids(&store), ["r7"]);
     assert_eq!(store.read(|tx| tx.program_refs(&p1)).unwrap(), 1);
-    assert!(
-        store.program(&p3).unwrap().is_none(),
-        "r5 pruned with p3's last use"
-    );
+    assert!(refs(&store, &p3) == 0, "r5 pruned with p3's last use");
     assert!(store.set_runs("s3").unwrap().is_none());
 }
 

@@ -103,12 +103,17 @@ pub struct RunRow {
 }
 
 impl RunRow {
-    /// The digest of the staged program the run executes, if it executes one.
-    pub fn program_digest(&self) -> Option<String> {
-        match &self.workload {
+    /// The content the run refers to by digest: its program, if it executes one, and its
+    /// inputs; each holds a reference on its blob while the run is stored.
+    pub fn content_digests(&self) -> Vec<String> {
+        let program = match &self.workload {
             Workload::Program(digest) => Some(digest.to_string()),
             Workload::Image(_) => None,
-        }
+        };
+        program
+            .into_iter()
+            .chain(self.options.inputs.iter().map(|(_, d)| d.to_string()))
+            .collect()
     }
 }
 
@@ -251,8 +256,7 @@ pub trait ReadTx {
     /// Every node, in any order.
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
     /// Program digest -> its bytes.
-    fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>>;
-    /// How many stored runs refer to the program (0 when unknown).
+    /// How many references stored runs hold on the content (0 when unknown).
     fn program_refs(&self, digest: &str) -> StoreResult<u64>;
     fn run(&self, id: &str) -> StoreResult<Option<RunRow>>;
     /// Set id -> the ids of its runs, in the order they were created.
@@ -268,9 +272,8 @@ pub trait WriteTx: ReadTx {
     fn put_token(&mut self, hash: &str, token: &TokenRecord) -> StoreResult<()>;
     fn remove_token(&mut self, hash: &str) -> StoreResult<()>;
     fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()>;
-    fn put_program(&mut self, digest: &str, bytes: &[u8]) -> StoreResult<()>;
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()>;
-    /// Removes the program and its reference count.
+    /// Removes the content's reference count.
     fn remove_program(&mut self, digest: &str) -> StoreResult<()>;
     fn put_run(&mut self, run: &RunRow) -> StoreResult<()>;
     fn remove_run(&mut self, id: &str) -> StoreResult<()>;

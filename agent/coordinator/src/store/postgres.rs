@@ -533,11 +533,6 @@ impl ReadTx for PgTx<'_> {
             .collect()
     }
 
-    fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>> {
-        let row = self.query_opt("SELECT bytes FROM programs WHERE digest = $1", &[&digest])?;
-        Ok(row.map(|row| row.get(0)))
-    }
-
     fn program_refs(&self, digest: &str) -> StoreResult<u64> {
         let row = self.query_opt(
             "SELECT refs FROM program_refs WHERE digest = $1",
@@ -590,14 +585,6 @@ impl WriteTx for PgTx<'_> {
             "INSERT INTO nodes (id, record) VALUES ($1, $2)
              ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
             &[&node.id, &json(node)],
-        )
-    }
-
-    fn put_program(&mut self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
-        self.execute(
-            "INSERT INTO programs (digest, bytes) VALUES ($1, $2)
-             ON CONFLICT (digest) DO UPDATE SET bytes = EXCLUDED.bytes",
-            &[&digest, &bytes],
         )
     }
 

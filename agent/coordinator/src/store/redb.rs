@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 /// node id -> NodeRecord JSON.
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
-/// program digest -> its bytes, to stage on nodes that have not got it.
+/// program digest -> its bytes: what older versions kept; only emptied now (content lives in the
+/// coordinator's blob store on disk).
 const PROGRAMS: TableDefinition<&str, &[u8]> = TableDefinition::new("programs");
-/// program digest -> how many stored runs refer to it.
+/// content digest (program or input) -> how many references stored runs hold on it.
 const PROGRAM_REFS: TableDefinition<&str, u64> = TableDefinition::new("program_refs");
 /// run id -> RunRow JSON.
 const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
@@ -174,14 +175,6 @@ macro_rules! reads {
                 Ok(nodes.into_iter().map(|(_, node)| node).collect())
             }
 
-            fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>> {
-                let programs = self.tx.open_table(PROGRAMS).map_err(fail)?;
-                Ok(programs
-                    .get(digest)
-                    .map_err(fail)?
-                    .map(|v| v.value().to_vec()))
-            }
-
             fn program_refs(&self, digest: &str) -> StoreResult<u64> {
                 let refs = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
                 Ok(refs.get(digest).map_err(fail)?.map_or(0, |v| v.value()))
@@ -237,11 +230,6 @@ impl WriteTx for RedbWrite {
             .insert(node.id.as_str(), encode(node).as_slice())
             .map_err(fail)
             .map(drop)
-    }
-
-    fn put_program(&mut self, digest: &str, bytes: &[u8]) -> StoreResult<()> {
-        let mut programs = self.tx.open_table(PROGRAMS).map_err(fail)?;
-        programs.insert(digest, bytes).map_err(fail).map(drop)
     }
 
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()> {

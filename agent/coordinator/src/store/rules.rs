@@ -216,20 +216,23 @@ impl Store {
         })
     }
 
-    /// The bytes of a program, to stage on a node.
-    pub fn program(&self, digest: &str) -> StoreResult<Option<Vec<u8>>> {
-        self.read(|tx| tx.program(digest))
+    /// Of `digests`, those no stored run refers to: blobs that may be removed.
+    pub fn unreferenced(&self, digests: &[String]) -> StoreResult<Vec<String>> {
+        self.read(|tx| {
+            let mut out = Vec::new();
+            for digest in digests {
+                if tx.program_refs(digest)? == 0 {
+                    out.push(digest.clone());
+                }
+            }
+            Ok(out)
+        })
     }
 
-    /// Records a set and its runs (all `waiting`, none accepted) in one transaction, with the
-    /// programs they execute that are not stored yet (`(digest, bytes)`; one already stored is
-    /// not written again). Each run holds a reference on its program until it is pruned.
-    pub fn create_set(
-        &self,
-        set_id: &str,
-        programs: &[(&str, &[u8])],
-        runs: &[RunRow],
-    ) -> StoreResult<()> {
+    /// Records a set and its runs (all `waiting`, none accepted) in one transaction. Each run
+    /// holds a reference on each content it names (its program, its inputs) until it is pruned;
+    /// the content itself is the caller's blob store's.
+    pub fn create_set(&self, set_id: &str, runs: &[RunRow]) -> StoreResult<()> {
         let refused = |why: String| Err(StoreError::Refused(why));
         if runs.is_empty() {
             return refused(format!("the set {set_id} has no runs"));
@@ -244,7 +247,7 @@ impl Store {
             ));
         }
         let mut uses: BTreeMap<String, u64> = BTreeMap::new();
-        for digest in runs.iter().filter_map(RunRow::program_digest) {
+        for digest in runs.iter().flat_map(RunRow::content_digests) {
             *uses.entry(digest).or_default() += 1;
         }
         let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
@@ -254,17 +257,6 @@ impl Store {
             }
             for (digest, count) in &uses {
                 let refs = tx.program_refs(digest)?;
-                if refs == 0 {
-                    match programs.iter().find(|(d, _)| d == digest) {
-                        Some((_, bytes)) => tx.put_program(digest, bytes)?,
-                        None if tx.program(digest)?.is_some() => {}
-                        None => {
-                            return refused(format!(
-                                "the set {set_id} runs the program {digest}, which is not stored"
-                            ));
-                        }
-                    }
-                }
                 tx.set_program_refs(digest, refs + count)?;
             }
             for run in runs {
@@ -480,8 +472,8 @@ fn retire(tx: &mut dyn WriteTx, keep: u64, id: &str) -> StoreResult<()> {
     Ok(())
 }
 
-/// Removes a final run, its set once it has no runs left, and its program once no stored run
-/// refers to it.
+/// Removes a final run, its set once it has no runs left, and its references on its content (a
+/// blob with none left is the blob store's to remove).
 fn prune(tx: &mut dyn WriteTx, id: &str) -> StoreResult<()> {
     let Some(run) = tx.run(id)? else {
         return Ok(());
@@ -495,7 +487,7 @@ fn prune(tx: &mut dyn WriteTx, id: &str) -> StoreResult<()> {
             tx.put_set(&run.set_id, &ids)?;
         }
     }
-    if let Some(digest) = run.program_digest() {
+    for digest in run.content_digests() {
         match tx.program_refs(&digest)?.saturating_sub(1) {
             0 => tx.remove_program(&digest)?,
             refs => tx.set_program_refs(&digest, refs)?,

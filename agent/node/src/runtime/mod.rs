@@ -110,6 +110,21 @@ pub trait Runtime: Send + Sync {
         max_bytes: u64,
         sink: &mut dyn std::io::Write,
     ) -> Result<Collected, RuntimeError>;
+    /// Like [`Runtime::collect`], into a new file at `out` (which the caller removes). A runtime
+    /// that can write the file directly saves a pass over the bytes.
+    fn collect_file(
+        &self,
+        run_id: &str,
+        path: &str,
+        max_bytes: u64,
+        out: &std::path::Path,
+    ) -> Result<Collected, RuntimeError> {
+        let mut file = std::fs::File::create(out).map_err(|e| RuntimeError::Refused {
+            run_id: run_id.to_string(),
+            reason: format!("cannot write {}: {e}", out.display()),
+        })?;
+        self.collect(run_id, path, max_bytes, &mut file)
+    }
     /// Every run the runtime holds.
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError>;
     /// Cleans up what the runtime keeps beyond the runs' records, given each run's recorded

@@ -283,6 +283,33 @@ impl Runtime for ProcessRuntime {
         Ok(Collected { digest, size })
     }
 
+    /// The supervisor copies the file straight to `out`: one pass, no scratch copy.
+    fn collect_file(
+        &self,
+        run_id: &str,
+        path: &str,
+        max_bytes: u64,
+        out: &Path,
+    ) -> Result<Collected, RuntimeError> {
+        let digest = self.collect_to(run_id, path, out)?;
+        let size = std::fs::metadata(out)
+            .map_err(|e| RuntimeError::Refused {
+                run_id: run_id.to_string(),
+                reason: format!("cannot read the collected {path}: {e}"),
+            })?
+            .len();
+        if size > max_bytes {
+            let _ = std::fs::remove_file(out);
+            return Err(RuntimeError::TooLarge {
+                run_id: run_id.to_string(),
+                path: path.to_string(),
+                size,
+                limit: max_bytes,
+            });
+        }
+        Ok(Collected { digest, size })
+    }
+
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
         let runs = self.store().list().map_err(|e| RuntimeError::Failed {
             what: "listing runs".into(),

@@ -146,6 +146,16 @@ impl Runtime for Routed {
         }
     }
 
+    fn collect_file(
+        &self,
+        run_id: &str,
+        path: &str,
+        max_bytes: u64,
+        out: &std::path::Path,
+    ) -> Result<Collected, RuntimeError> {
+        self.routed(run_id, |rt| rt.collect_file(run_id, path, max_bytes, out))
+    }
+
     fn tidy(
         &self,
         record: &dyn Fn(&str) -> Option<super::RunState>,

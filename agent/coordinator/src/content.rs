@@ -1,0 +1,170 @@
+//! The coordinator's side of the content path: a node's fetch (content from the blob store,
+//! from the offset the node asks) and upload (a collected file into the blob store), each on a
+//! connection of its own, authenticated as a session is. The blob store is content-addressed
+//! files under the data folder (`blobs/sha256/HEX`); the store's reference counts decide when
+//! a blob is no longer referred to, and [`Coordinator::sweep_blobs`] removes it then.
+use super::Coordinator;
+use fleet_proto::Digest;
+use fleet_proto::content::{self, Streamed};
+use fleet_proto::protocol::{self, Down};
+use sha2::Sha256;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
+
+/// A blob no run refers to is removed once it is this old: the grace covers a `run` that
+/// imported it and has not recorded its set yet, and a `collect` copying it out.
+pub const BLOB_GRACE: Duration = Duration::from_secs(600);
+
+/// Content bytes this coordinator sent to nodes and received from them since it started.
+#[derive(Default)]
+pub struct Counters {
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+}
+
+impl Coordinator {
+    /// Sends the content of `digest` from byte `offset`: [`Down::Content`], then the bytes.
+    pub async fn send_content<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        node_id: &str,
+        digest: &Digest,
+        offset: u64,
+    ) -> Result<(), String> {
+        let path = self.blobs.path(digest);
+        let mut file = match tokio::fs::File::open(&path).await {
+            Ok(file) => file,
+            Err(e) => {
+                let message = format!(
+                    "the coordinator holds no content {digest} ({e}); run it again with the file"
+                );
+                return refuse(stream, message).await;
+            }
+        };
+        let size = file.metadata().await.map_err(|e| e.to_string())?.len();
+        if offset > size {
+            let message = format!(
+                "content {digest} has {size} bytes, fewer than the offset {offset} asked for"
+            );
+            return refuse(stream, message).await;
+        }
+        file.seek(std::io::SeekFrom::Start(offset))
+            .await
+            .map_err(|e| e.to_string())?;
+        protocol::write_msg(stream, &Down::Content { size })
+            .await
+            .map_err(|e| e.to_string())?;
+        // The node checks what it receives: no hash here.
+        let streamed = content::stream_exact(&mut file, stream, size - offset, None).await;
+        let sent = match streamed {
+            Streamed::Done => size - offset,
+            Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
+        };
+        self.content.sent.fetch_add(sent, Ordering::Relaxed);
+        tracing::info!(%node_id, %digest, offset, bytes = sent, "content sent");
+        match streamed {
+            Streamed::Done => {
+                let _ = stream.shutdown().await;
+                Ok(())
+            }
+            Streamed::Cut { cause, .. } => Err(format!("reading blob {digest} failed: {cause}")),
+            Streamed::Write { cause, .. } => {
+                Err(format!("sending {digest} to {node_id} stopped: {cause}"))
+            }
+        }
+    }
+
+    /// Receives `size` bytes of `digest` into the blob store, checked before they land.
+    pub async fn receive_content<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        node_id: &str,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<(), String> {
+        let temp = self.blobs.temp().map_err(|e| e.to_string())?;
+        let result = async {
+            let mut file = tokio::fs::File::create(&temp)
+                .await
+                .map_err(|e| blob_disk(&self.blobs, e))?;
+            let mut hasher = Sha256::default();
+            let streamed = content::stream_exact(stream, &mut file, size, Some(&mut hasher)).await;
+            drop(file);
+            match streamed {
+                Streamed::Done => {}
+                Streamed::Cut { got, cause } => {
+                    return Err(format!("the upload of {digest} from {node_id} stopped after {got} of {size} bytes: {cause}"));
+                }
+                Streamed::Write { cause, .. } => return Err(blob_disk(&self.blobs, cause)),
+            }
+            self.content.received.fetch_add(size, Ordering::Relaxed);
+            let got = Digest::from_hasher(hasher);
+            if got != *digest {
+                return Err(content::ContentError::Mismatch {
+                    digest: digest.clone(),
+                    got,
+                }
+                .to_string());
+            }
+            self.blobs
+                .commit(&temp, digest)
+                .map_err(|e| blob_disk(&self.blobs, e))?;
+            tracing::info!(%node_id, %digest, bytes = size, "content received");
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => protocol::write_msg(
+                stream,
+                &Down::Stored {
+                    digest: digest.clone(),
+                },
+            )
+            .await
+            .map_err(|e| e.to_string()),
+            Err(message) => {
+                let _ = std::fs::remove_file(&temp);
+                refuse(stream, message).await
+            }
+        }
+    }
+
+    /// Removes blobs no stored run refers to, once they are older than [`BLOB_GRACE`].
+    pub fn sweep_blobs(&self, grace: Duration) -> Result<(), String> {
+        let old: Vec<String> = (self.blobs.list().map_err(|e| e.to_string())?)
+            .into_iter()
+            .filter(|(_, age)| *age >= grace)
+            .map(|(d, _)| d.to_string())
+            .collect();
+        for digest in self.store.unreferenced(&old).map_err(|e| e.to_string())? {
+            if let Ok(digest) = Digest::parse(&digest) {
+                let _ = std::fs::remove_file(self.blobs.path(&digest));
+                tracing::info!(%digest, "removed a blob no run refers to");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A refusal on a content connection: sent to the node, and the reason for the log.
+async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, message: String) -> Result<(), String> {
+    let _ = protocol::write_msg(
+        stream,
+        &Down::ContentRefused {
+            message: message.clone(),
+        },
+    )
+    .await;
+    Err(message)
+}
+
+fn blob_disk(blobs: &content::Blobs, e: std::io::Error) -> String {
+    match content::is_no_space(&e) {
+        true => format!(
+            "the coordinator's disk holding {} is full ({e}); free space there and collect again",
+            blobs.root().display()
+        ),
+        false => format!("cannot write under {} ({e})", blobs.root().display()),
+    }
+}

@@ -1,0 +1,297 @@
+//! Content beside the session: each fetch or upload is one more outbound connection to the
+//! coordinator, pinned as the session is, opened by a [`Up::Fetch`] or [`Up::Upload`] and then
+//! raw bytes, hashed as they flow. A fetch keeps what arrived in a partial file per digest and
+//! resumes from its length; content already held whole is never fetched again.
+use crate::dial;
+use crate::identity::Identity;
+use fleet_proto::Digest;
+use fleet_proto::content::{self, Blobs, ContentError, Streamed};
+use fleet_proto::protocol::{self, Down, Up};
+use sha2::Sha256;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncRead;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+/// Tries per transfer; a cut connection (or a coordinator away for a moment) is tried again.
+const TRIES: u32 = 6;
+const FIRST_ANSWER: Duration = Duration::from_secs(30);
+
+/// Where and as whom this node moves content, and its local store of it.
+pub struct ContentLink {
+    pub address: String,
+    pub node_id: String,
+    pub identity: Arc<Identity>,
+    pub pinned: Vec<u8>,
+    pub validity: Duration,
+    pub blobs: Blobs,
+}
+
+impl ContentLink {
+    /// The checked local copy of `digest`: fetched (or resumed) when not held whole yet.
+    pub async fn fetch(&self, digest: &Digest) -> Result<PathBuf, ContentError> {
+        self.fetch_into(&self.blobs, digest, None).await
+    }
+
+    /// Like [`ContentLink::fetch`], into `blobs`, presenting `ticket` when given (an artifact).
+    pub async fn fetch_into(
+        &self,
+        blobs: &Blobs,
+        digest: &Digest,
+        ticket: Option<&str>,
+    ) -> Result<PathBuf, ContentError> {
+        retrying(digest, || {
+            land(blobs, digest, |offset| async move {
+                let mut stream = self
+                    .open(
+                        digest,
+                        Up::Fetch {
+                            node_id: self.node_id.clone(),
+                            digest: digest.clone(),
+                            offset,
+                            ticket: ticket.map(str::to_string),
+                        },
+                    )
+                    .await?;
+                match self.answer(digest, &mut stream).await? {
+                    Down::Content { size } => Ok((stream, size, offset)),
+                    other => Err(unexpected(digest, &other)),
+                }
+            })
+        })
+        .await
+    }
+
+    /// Sends `file` (of `size` bytes, hashing to `digest`) to the coordinator's blob store.
+    pub async fn upload(
+        &self,
+        file: &Path,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<(), ContentError> {
+        retrying(digest, || self.upload_once(file, digest, size)).await
+    }
+
+    async fn upload_once(
+        &self,
+        file: &Path,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<(), ContentError> {
+        let failed = |reason: String| ContentError::Failed {
+            digest: digest.clone(),
+            reason,
+        };
+        let mut source = tokio::fs::File::open(file)
+            .await
+            .map_err(|e| failed(format!("cannot read {} ({e})", file.display())))?;
+        let mut stream = self
+            .open(
+                digest,
+                Up::Upload {
+                    node_id: self.node_id.clone(),
+                    digest: digest.clone(),
+                    size,
+                },
+            )
+            .await?;
+        // The coordinator checks what it receives: no hash here.
+        match content::stream_exact(&mut source, &mut stream, size, None).await {
+            Streamed::Done => {}
+            Streamed::Cut { cause, .. } => {
+                return Err(failed(format!("cannot read {} ({cause})", file.display())));
+            }
+            Streamed::Write { got, cause } => {
+                return Err(ContentError::Cut {
+                    digest: digest.clone(),
+                    got,
+                    size,
+                    cause: cause.to_string(),
+                });
+            }
+        }
+        match self.answer(digest, &mut stream).await? {
+            Down::Stored { .. } => Ok(()),
+            other => Err(unexpected(digest, &other)),
+        }
+    }
+
+    /// A pinned connection whose first message is `first`.
+    async fn open(&self, digest: &Digest, first: Up) -> Result<TlsStream<TcpStream>, ContentError> {
+        let cut = |cause: String| ContentError::Cut {
+            digest: digest.clone(),
+            got: 0,
+            size: 0,
+            cause,
+        };
+        let dialed = dial::dial(&self.address, &self.identity, &self.pinned, self.validity)
+            .await
+            .map_err(|e| match e.is_fatal() {
+                true => ContentError::Failed {
+                    digest: digest.clone(),
+                    reason: e.to_string(),
+                },
+                false => cut(e.to_string()),
+            })?;
+        let mut stream = dialed.stream;
+        protocol::write_msg(&mut stream, &first)
+            .await
+            .map_err(|e| cut(e.to_string()))?;
+        Ok(stream)
+    }
+
+    /// The coordinator's answer on a content connection; a refusal as its own error.
+    async fn answer(
+        &self,
+        digest: &Digest,
+        stream: &mut TlsStream<TcpStream>,
+    ) -> Result<Down, ContentError> {
+        let cut = |cause: String| ContentError::Cut {
+            digest: digest.clone(),
+            got: 0,
+            size: 0,
+            cause,
+        };
+        match tokio::time::timeout(FIRST_ANSWER, protocol::read_msg::<_, Down>(stream)).await {
+            Err(_) => Err(cut("no answer from the coordinator".into())),
+            Ok(Err(e)) => Err(cut(e.to_string())),
+            Ok(Ok(None)) => Err(cut("the coordinator closed the connection".into())),
+            Ok(Ok(Some(Down::ContentRefused { message }))) => Err(ContentError::Failed {
+                digest: digest.clone(),
+                reason: format!("the coordinator refused it: {message}"),
+            }),
+            Ok(Ok(Some(down))) => Ok(down),
+        }
+    }
+}
+
+/// Runs a transfer again while it fails in a way another try may mend (a cut connection).
+pub async fn retrying<T, F: Future<Output = Result<T, ContentError>>>(
+    digest: &Digest,
+    mut once: impl FnMut() -> F,
+) -> Result<T, ContentError> {
+    let mut tries = 1;
+    loop {
+        match once().await {
+            Err(e) if e.is_retryable() && tries < TRIES => {
+                tracing::warn!(%digest, tries, "{e}");
+                tokio::time::sleep(Duration::from_millis(500) * tries).await;
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Lands `digest` in `blobs`: what a source sends after the part already held (in the partial
+/// file) is hashed as it is written; only the whole, matching content is renamed into place.
+/// `open(offset)` gives the stream, the content's whole size, and the offset the stream really
+/// starts at (0 from a source that cannot resume: the partial file starts over).
+pub async fn land<S, F, Fut>(
+    blobs: &Blobs,
+    digest: &Digest,
+    open: F,
+) -> Result<PathBuf, ContentError>
+where
+    S: AsyncRead + Unpin,
+    F: FnOnce(u64) -> Fut,
+    Fut: Future<Output = Result<(S, u64, u64), ContentError>>,
+{
+    let whole = blobs.path(digest);
+    if whole.is_file() {
+        return Ok(whole);
+    }
+    let partial = blobs.partial(digest);
+    let disk = |cause: std::io::Error| disk_error(blobs, digest, &partial, cause);
+    std::fs::create_dir_all(partial.parent().expect("a folder")).map_err(disk)?;
+    let (mut hasher, held) = match content::hash_prefix(&partial) {
+        Ok(prefix) => prefix,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Sha256::default(), 0),
+        Err(e) => return Err(disk(e)),
+    };
+    let (mut stream, size, offset) = open(held).await?;
+    if offset != held {
+        let _ = std::fs::remove_file(&partial);
+        hasher = Sha256::default();
+    }
+    if offset > size {
+        return Err(ContentError::Cut {
+            digest: digest.clone(),
+            got: 0,
+            size,
+            cause: format!(
+                "the partial copy was longer ({offset} bytes) than the content; removed it"
+            ),
+        });
+    }
+    let mut file = tokio::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&partial)
+        .await
+        .map_err(disk)?;
+    match content::stream_exact(&mut stream, &mut file, size - offset, Some(&mut hasher)).await {
+        Streamed::Done => {}
+        Streamed::Cut { got, cause } => {
+            let _ = file.sync_data().await;
+            return Err(ContentError::Cut {
+                digest: digest.clone(),
+                got: offset + got,
+                size,
+                cause,
+            });
+        }
+        Streamed::Write { cause, .. } => {
+            drop(file);
+            let _ = std::fs::remove_file(&partial);
+            return Err(disk(cause));
+        }
+    }
+    drop(file);
+    let got = Digest::from_hasher(hasher);
+    if got != *digest {
+        let _ = std::fs::remove_file(&partial);
+        return Err(ContentError::Mismatch {
+            digest: digest.clone(),
+            got,
+        });
+    }
+    blobs.commit(&partial, digest).map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
+        disk(e)
+    })?;
+    tracing::info!(%digest, size, resumed_from = offset, "content fetched and checked");
+    Ok(whole)
+}
+
+fn disk_error(
+    blobs: &Blobs,
+    digest: &Digest,
+    partial: &Path,
+    cause: std::io::Error,
+) -> ContentError {
+    if content::is_no_space(&cause) {
+        let _ = std::fs::remove_file(partial);
+        ContentError::NoSpace {
+            digest: digest.clone(),
+            dir: blobs.root().to_path_buf(),
+            cause,
+        }
+    } else {
+        ContentError::Failed {
+            digest: digest.clone(),
+            reason: format!("cannot write under {} ({cause})", blobs.root().display()),
+        }
+    }
+}
+
+fn unexpected(digest: &Digest, down: &Down) -> ContentError {
+    ContentError::Failed {
+        digest: digest.clone(),
+        reason: format!(
+            "the coordinator answered {down:?}; run an agent of the coordinator's version"
+        ),
+    }
+}

@@ -1,0 +1,243 @@
+//! `cargo xtask bench content`: 1 GiB of incompressible bytes staged onto a node (an artifact
+//! replicated through a one-time ticket: the node's whole copy, TLS, disk and hash) and a 1 GiB
+//! file collected back (`collect --out`: the node's upload, the coordinator's check, the atomic
+//! copy), against `curl` over HTTPS on the same loopback moving the same bytes from `openssl
+//! s_server` (the floor), with the peak RSS of the agent and the coordinator.
+use crate::cross;
+use crate::fleet::{self, Coordinator, wait_for_log};
+use crate::util::{measure, median, record_benchmark};
+use anyhow::{Context, Result, bail};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TARGET: &str = "x86_64-unknown-linux-musl";
+const SAMPLES: usize = 3;
+const SIZE_MIB: u64 = 1024;
+
+pub fn run() -> Result<()> {
+    cross::build_static(
+        TARGET,
+        &["fleet-agent", "fleet-coordinator", "fleet-run-supervisor"],
+    )?;
+    let bin = cross::target_dir().join(TARGET).join("release/fleet-agent");
+    let work = fleet::fresh_dir("bench-content")?;
+    let data = work.join("data.bin");
+    let head = Command::new("head")
+        .args(["-c", &format!("{}", SIZE_MIB << 20), "/dev/urandom"])
+        .stdout(std::fs::File::create(&data)?)
+        .status()?;
+    if !head.success() {
+        bail!("cannot write {} of random bytes", data.display());
+    }
+
+    let log = std::fs::File::create(work.join("coordinator.log"))?;
+    let coordinator = Coordinator::serve(&bin, &work.join("coord"), &[], Stdio::from(log))?;
+    let machine = work.join("machine");
+    std::fs::create_dir_all(&machine)?;
+    let join = machine.join("fleet.json");
+    std::fs::write(&join, coordinator.cli(&["token", "--name", "bench"])?)?;
+    let agent_log = machine.join("agent.log");
+    let mut agent = fleet::Proc::spawn(
+        fleet::agent(&bin, &join, &machine)
+            .arg("--artifact-root")
+            .arg(machine.join("artifacts"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&agent_log)?),
+    )?;
+    wait_for_log(&agent_log, "session open", Duration::from_secs(30))?;
+
+    // Staging: the node's own timing of each whole copy, its artifact removed between samples.
+    let data_arg = data.to_string_lossy().into_owned();
+    let mut stage_s = Vec::new();
+    for _ in 0..SAMPLES {
+        let _ = std::fs::remove_dir_all(machine.join("artifacts"));
+        let copy: serde_json::Value = serde_json::from_str(&coordinator.cli(&[
+            "replicate",
+            "--node",
+            "bench",
+            "--file",
+            &data_arg,
+        ])?)?;
+        let ms = copy["copy_ms"]
+            .as_u64()
+            .context("replicate printed no copy_ms")?;
+        stage_s.push(ms as f64 / 1000.0);
+    }
+
+    // Collecting: a run that leaves the same bytes in its folder, collected whole to --out.
+    let program = fleet::script(
+        &work.join("leave.sh"),
+        &format!("cp {} out.bin", data.display()),
+    )?;
+    let set = coordinator.run_set(&program, &["--timeout", "120s"])?;
+    let run = finished_run(&coordinator, &set)?;
+    let out = work.join("collected.bin");
+    let out_arg = out.to_string_lossy().into_owned();
+    let mut collect_s = Vec::new();
+    for _ in 0..SAMPLES {
+        let _ = std::fs::remove_file(&out);
+        let m = measure(
+            Command::new(&coordinator.bin)
+                .arg("--data")
+                .arg(&coordinator.data)
+                .args([
+                    "collect", "--run", &run, "--path", "out.bin", "--out", &out_arg,
+                ])
+                .stdout(Stdio::null()),
+        )?;
+        collect_s.push(m.seconds);
+    }
+    let coordinator_rss = peak_rss_mib(coordinator_pid(&coordinator)?)?;
+    let agent_rss = peak_rss_mib(agent.0.id())?;
+    agent.stop();
+    drop(coordinator);
+
+    let curl_s = curl_floor(&work, &data)?;
+    let (stage, collect, curl) = (median(&stage_s), median(&collect_s), median(&curl_s));
+    let mib = SIZE_MIB as f64;
+    let row = |what: &str, s: f64| {
+        format!(
+            "| {what} | {s:.2} s | {:.0} MiB/s | {:.2}x |",
+            mib / s,
+            s / curl
+        )
+    };
+    let verdict = |ratio: f64| if ratio <= 1.2 { "meets" } else { "misses" };
+    let markdown = format!(
+        "## Content: 1 GiB staged and collected (`cargo xtask bench content`)\n\n\
+         Static release binaries on loopback, {SIZE_MIB} MiB of incompressible bytes, median of \
+         {SAMPLES}. Staged: an artifact replicated with a one-time ticket, as the node times the \
+         whole copy (pinned TLS, disk write and SHA-256 in one pass, fsync and rename). Collected: \
+         `collect --out` wall time (the supervisor's copy out of the run, the upload, the \
+         coordinator's check, the checked atomic copy to --out). Floor: `curl` downloading the \
+         same bytes over HTTPS from `openssl s_server -WWW` (its whole process: start, \
+         handshake, transfer, write). `scp` over a local sshd: not measured (no sshd on this \
+         machine). Target: within 1.2x of the floor.\n\n\
+         | what | time | rate | vs curl |\n|---|---|---|---|\n{}\n{}\n{}\n\n\
+         Peak RSS after staging and collecting 1 GiB {SAMPLES} times each: coordinator \
+         {coordinator_rss} MiB, agent {agent_rss} MiB (target: under 64 MiB).\n\n\
+         Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes three \
+         times where curl passes once: the supervisor's copy out of the run into the upload's \
+         file, the upload with the coordinator's hash, and the CLI's checked copy to --out with \
+         its fsync.\n",
+        row("staged (node copy)", stage),
+        row("collected (collect --out)", collect),
+        row("curl over HTTPS (floor)", curl),
+        verdict(stage / curl),
+        verdict(collect / curl),
+    );
+    record_benchmark("content", &markdown)?;
+    println!("{markdown}");
+    Ok(())
+}
+
+/// Waits for the set's one row to finish; returns its run id.
+fn finished_run(coordinator: &Coordinator, set: &str) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let rows: serde_json::Value =
+            serde_json::from_str(&coordinator.cli(&["status", "--set", set, "--json"])?)?;
+        let row = &rows[0];
+        match row["state"].as_str() {
+            Some("finished") => return Ok(row["run_id"].as_str().unwrap_or_default().into()),
+            Some("failed" | "lost") => bail!("the collect run ended {row}"),
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+    bail!("the collect run did not finish within 120 s")
+}
+
+/// The process id of the `fleet-coordinator serve` serving the bench's data folder.
+fn coordinator_pid(coordinator: &Coordinator) -> Result<u32> {
+    let data = coordinator.data.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(pid) = entry?.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.contains(&data.as_bytes()) && args.contains(&&b"serve"[..]) {
+            return Ok(pid);
+        }
+    }
+    bail!("cannot find the coordinator serving {data}")
+}
+
+fn peak_rss_mib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("no VmHWM")?;
+    Ok(kib >> 10)
+}
+
+/// `curl` fetching `data` over HTTPS from `openssl s_server -WWW` on loopback, SAMPLES times.
+fn curl_floor(work: &Path, data: &Path) -> Result<Vec<f64>> {
+    let (cert, key) = (work.join("tls.crt"), work.join("tls.key"));
+    let made = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if !made.success() {
+        bail!("openssl could not make a certificate");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut server = fleet::Proc::spawn(
+        Command::new("openssl")
+            .args(["s_server", "-quiet", "-WWW", "-accept", &port.to_string()])
+            .arg("-cert")
+            .arg(&cert)
+            .arg("-key")
+            .arg(&key)
+            .current_dir(data.parent().context("data has a folder")?)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    let name = data
+        .file_name()
+        .context("data has a name")?
+        .to_string_lossy();
+    let url = format!("https://127.0.0.1:{port}/{name}");
+    let out = work.join("curl.bin");
+    let mut samples = Vec::new();
+    for _ in 0..SAMPLES {
+        let m = measure(
+            Command::new("curl")
+                .args(["-sS", "--cacert"])
+                .arg(&cert)
+                .arg("-o")
+                .arg(&out)
+                .arg(&url),
+        )?;
+        if std::fs::metadata(&out)?.len() != SIZE_MIB << 20 {
+            bail!(
+                "curl fetched {} bytes, not the whole file",
+                std::fs::metadata(&out)?.len()
+            );
+        }
+        samples.push(m.seconds);
+    }
+    server.stop();
+    Ok(samples)
+}
