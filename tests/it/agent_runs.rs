@@ -685,7 +685,7 @@ fn an_input_too_large_for_the_disk_fails_its_row_and_the_agent_goes_on() {
     // The run store on a 1 MiB memory filesystem (we are root on the test machine).
     let runs = fleet.path("runs");
     std::fs::create_dir_all(&runs).unwrap();
-    let _mount = Tmpfs::mount(&runs, "1m");
+    let _mount = testkit::TinyDisk::mount(runs.clone(), "1m");
     fleet.start_joined_agent();
     let big = fleet.path("big.bin");
     std::fs::write(&big, vec![7u8; 3 << 20]).unwrap();
@@ -709,29 +709,6 @@ fn an_input_too_large_for_the_disk_fails_its_row_and_the_agent_goes_on() {
     let next = fleet.wait_row(&next, is_final);
     assert_eq!(next["state"], "finished", "{next:#}");
     fleet.kill_agent();
-}
-
-/// A small tmpfs mounted for the test's duration.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        testkit::ok(
-            std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(at),
-        );
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
 }
 
 #[test]

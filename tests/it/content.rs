@@ -456,44 +456,12 @@ fn content_corrupted_on_the_coordinators_disk_is_refused_and_removed_on_the_node
     assert_eq!(fleet.sessions(), sessions, "the session stayed");
 }
 
-/// A small tmpfs mounted for the test's duration (we are root on the test machine).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).unwrap();
-        testkit::ok(
-            std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(at),
-        );
-        Tmpfs(at.to_path_buf())
-    }
-
-    fn resize(&self, size: &str) {
-        testkit::ok(
-            std::process::Command::new("mount")
-                .args(["-o", &format!("remount,size={size}")])
-                .arg(&self.0),
-        );
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 #[test]
 fn a_disk_that_fills_mid_transfer_is_named_and_the_node_goes_on_once_space_returns() {
     let mut fleet = Fleet::new();
     fleet.kill_agent();
     let content = fleet.path("state/content");
-    let disk = Tmpfs::mount(&content, "16m");
+    let disk = testkit::TinyDisk::mount(content.clone(), "16m");
     fleet.start_agent();
     let sessions = fleet.sessions();
     let program = large_file(&fleet.path("prog.sh"), "#!/bin/sh\nexit 0\n", 32 << 20);

@@ -94,6 +94,13 @@ impl TinyDisk {
         TinyDisk(at)
     }
 
+    /// Gives the disk a new size, keeping what it holds.
+    pub fn resize(&self, size: &str) {
+        ok(Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0));
+    }
+
     /// Fills the disk with `filler` until a write fails for lack of space.
     pub fn fill(&self, filler: &str) {
         use std::io::Write;
@@ -111,6 +118,7 @@ impl TinyDisk {
 
 impl Drop for TinyDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
+        // Lazily: a process of the test may still hold a file there.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
