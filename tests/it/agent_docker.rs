@@ -295,17 +295,7 @@ fn an_image_runs_through_the_coordinator_beside_a_program_and_survives_an_agent_
     let coord = Coordinator::start(&path("coord"), &[]);
     std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
     let start_agent = |n: usize| {
-        let mut cmd = testkit::cmd("fleet-agent");
-        cmd.arg("--join-file")
-            .arg(path("fleet.json"))
-            .arg("--state")
-            .arg(path("state"))
-            .arg("--run-store")
-            .arg(path("runs"))
-            .arg("--cloud-root")
-            .arg(path("cloud"))
-            .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
-            .args(["--retry-base", "50ms"]);
+        let cmd = testkit::agent::machine_command(dir.path());
         let agent = Agent::spawn(&path(&format!("agent-{n}.log")), cmd);
         assert!(
             agent.wait_for("session open", 1, Duration::from_secs(30)),
@@ -408,17 +398,8 @@ fn without_an_engine_programs_run_and_images_are_refused_in_one_line() {
     let coord = Coordinator::start(&path("coord"), &[]);
     std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
     let socket = path("no-engine.sock");
-    let mut cmd = testkit::cmd("fleet-agent");
-    cmd.arg("--join-file")
-        .arg(path("fleet.json"))
-        .arg("--state")
-        .arg(path("state"))
-        .arg("--run-store")
-        .arg(path("runs"))
-        .arg("--cloud-root")
-        .arg(path("cloud"))
-        .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
-        .arg("--docker-host")
+    let mut cmd = testkit::agent::machine_command(dir.path());
+    cmd.arg("--docker-host")
         .arg(format!("unix://{}", socket.display()));
     let agent = Agent::spawn(&path("agent.log"), cmd);
     assert!(

@@ -71,19 +71,9 @@ impl Fleet {
     fn start_agent(&mut self) {
         self.starts += 1;
         let log = self.path(&format!("agent-{}.log", self.starts));
-        let mut cmd = testkit::cmd("fleet-agent");
-        cmd.arg("--join-file")
-            .arg(self.path("fleet.json"))
-            .arg("--state")
-            .arg(self.path("state"))
-            .arg("--run-store")
-            .arg(self.path("runs"))
-            .arg("--cloud-root")
-            .arg(self.path("cloud"))
-            .arg("--artifact-root")
+        let mut cmd = testkit::agent::machine_command(self.dir.path());
+        cmd.arg("--artifact-root")
             .arg(self.path("artifacts"))
-            .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
-            .args(["--retry-base", "50ms"])
             .envs(self.agent_env.iter().cloned());
         let agent = Agent::spawn(&log, cmd);
         assert!(

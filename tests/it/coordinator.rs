@@ -100,20 +100,9 @@ fn a_thousand_unidentified_connections_hold_little_memory_and_a_node_still_works
     let join_text = coord.token(&["--name", "healthy"]);
     let join: JoinFile = serde_json::from_str(&join_text).unwrap();
     std::fs::write(dir.path().join("fleet.json"), &join_text).unwrap();
-    let agent = Agent::start(
+    let agent = Agent::spawn(
         &dir.path().join("agent.log"),
-        [
-            "--join-file".as_ref(),
-            dir.path().join("fleet.json").as_os_str(),
-            "--state".as_ref(),
-            dir.path().join("state").as_os_str(),
-            "--run-store".as_ref(),
-            dir.path().join("runs").as_os_str(),
-            "--cloud-root".as_ref(),
-            dir.path().join("cloud").as_os_str(),
-            "--accelerator-tool".as_ref(),
-            "/nonexistent".as_ref(),
-        ],
+        testkit::agent::machine_command(dir.path()),
     );
     assert!(
         agent.wait_for("session open", 1, WAIT),

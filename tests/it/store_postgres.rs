@@ -345,24 +345,10 @@ fn a_fleet_served_from_postgres_joins_and_finishes_a_run() {
     let mut coord = Coordinator::start(&data, &["--store", &url]);
     let join = dir.path().join("fleet.json");
     std::fs::write(&join, coord.token(&["--name", "worker"])).unwrap();
-    let mut agent = Agent::spawn(&dir.path().join("agent.log"), {
-        let mut cmd = testkit::cmd("fleet-agent");
-        cmd.arg("--join-file")
-            .arg(&join)
-            .arg("--state")
-            .arg(dir.path().join("state"))
-            .arg("--run-store")
-            .arg(dir.path().join("runs"))
-            .arg("--cloud-root")
-            .arg(dir.path().join("cloud"))
-            .args([
-                "--accelerator-tool",
-                "/nonexistent/nvidia-smi",
-                "--retry-base",
-                "50ms",
-            ]);
-        cmd
-    });
+    let mut agent = Agent::spawn(
+        &dir.path().join("agent.log"),
+        testkit::agent::machine_command(dir.path()),
+    );
     assert!(
         agent.wait_for("session open", 1, WAIT),
         "agent: {}\ncoordinator: {}",

@@ -147,6 +147,23 @@ impl Drop for Coordinator {
 }
 
 /// A `fleet-agent` process whose stderr goes to a file, killed when dropped.
+/// `fleet-agent` for a machine whose files all live in `dir`: the join file `dir/fleet.json`, its
+/// state, run store and cloud-init folder beside it, no accelerator tool, a fast first retry.
+pub fn machine_command(dir: &Path) -> Command {
+    let mut cmd = crate::cmd("fleet-agent");
+    cmd.arg("--join-file")
+        .arg(dir.join("fleet.json"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--run-store")
+        .arg(dir.join("runs"))
+        .arg("--cloud-root")
+        .arg(dir.join("cloud"))
+        .args(["--accelerator-tool", "/nonexistent/nvidia-smi"])
+        .args(["--retry-base", "50ms"]);
+    cmd
+}
+
 pub struct Agent {
     pub log: PathBuf,
     child: Child,

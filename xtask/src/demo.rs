@@ -6,6 +6,7 @@
 use crate::fleet::{self, Coordinator, Proc, script};
 use crate::util;
 use anyhow::{Result, bail};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -77,21 +78,7 @@ pub fn run() -> Result<()> {
     print!("{}", serve.cli(&["status", "--set", &set2, "--poll"])?);
 
     step("8. collect a file from the first run, with its digest");
-    let rows: serde_json::Value =
-        serde_json::from_str(&serve.cli(&["status", "--set", &set1, "--json"])?)?;
-    let run = rows[0]["run_id"].as_str().unwrap_or_default().to_string();
-    let out = work.join("greeting.txt");
-    let digest = serve.cli(&[
-        "collect",
-        "--run",
-        &run,
-        "--path",
-        "greeting.txt",
-        "--out",
-        &out.to_string_lossy(),
-    ])?;
-    println!("   {} {}", digest.trim(), out.display());
-    print!("   {}", std::fs::read_to_string(&out)?);
+    collect_greeting(&serve, &set1, &work.join("greeting.txt"))?;
 
     step("9. build the sample folder into an OCI image (same files, same digest) and inspect it");
     let layout = work.join("image");
@@ -148,21 +135,7 @@ pub fn run() -> Result<()> {
             "{}",
             serve.cli(&["status", "--set", set3.trim(), "--poll"])?
         );
-        let rows: serde_json::Value =
-            serde_json::from_str(&serve.cli(&["status", "--set", set3.trim(), "--json"])?)?;
-        let run = rows[0]["run_id"].as_str().unwrap_or_default().to_string();
-        let out = work.join("container-greeting.txt");
-        let digest = serve.cli(&[
-            "collect",
-            "--run",
-            &run,
-            "--path",
-            "greeting.txt",
-            "--out",
-            &out.to_string_lossy(),
-        ])?;
-        println!("   {} {}", digest.trim(), out.display());
-        print!("   {}", std::fs::read_to_string(&out)?);
+        let run = collect_greeting(&serve, set3.trim(), &work.join("container-greeting.txt"))?;
         println!("   the container: octomy-run-{run} (kept with the newest 1 000 finished runs)");
     }
 
@@ -199,4 +172,24 @@ pub fn run() -> Result<()> {
 
 fn step(text: &str) {
     println!("\n== {text}");
+}
+
+/// Collects `greeting.txt` from the first run of `set` into `out`, prints its digest and text,
+/// and returns the run's id.
+fn collect_greeting(serve: &Coordinator, set: &str, out: &Path) -> Result<String> {
+    let rows: serde_json::Value =
+        serde_json::from_str(&serve.cli(&["status", "--set", set, "--json"])?)?;
+    let run = rows[0]["run_id"].as_str().unwrap_or_default().to_string();
+    let digest = serve.cli(&[
+        "collect",
+        "--run",
+        &run,
+        "--path",
+        "greeting.txt",
+        "--out",
+        &out.to_string_lossy(),
+    ])?;
+    println!("   {} {}", digest.trim(), out.display());
+    print!("   {}", std::fs::read_to_string(out)?);
+    Ok(run)
 }
