@@ -80,17 +80,16 @@ fn a_token_raced_from_two_stores_is_spent_once() {
     assert_eq!(nodes.trim(), ROUNDS.to_string(), "one node per token");
 }
 
-/// Many nodes' runs finishing at once all land, though every finish reads and extends the one
-/// retention order (serialization conflicts, tried again): 16 threads, the pool's size, each
-/// finishing its node's runs one transaction at a time; the retention then holds exactly its
-/// newest `KEEP` final runs and no run is left active.
+/// Many nodes' runs finishing at once all land (any serialization conflict tried again): 16
+/// threads, the pool's size, each finishing its node's runs one transaction at a time; each
+/// node's retention then holds exactly its newest `KEEP` final runs and no run is left active.
 #[test]
 fn runs_finished_by_many_nodes_at_once_all_land() {
     use fleet_coordinator::store::NodeEvent;
     use fleet_proto::run::{Event, RunReport, RunState};
     const NODES: usize = 16;
     const RUNS: usize = 25;
-    const KEEP: u64 = 100;
+    const KEEP: u64 = 10;
     let pg = Postgres::start();
     let url = pg.fresh_database();
     let store =
@@ -130,20 +129,18 @@ fn runs_finished_by_many_nodes_at_once_all_land() {
         node.join().unwrap();
     }
     assert!(store.active_runs().unwrap().is_empty());
-    assert_eq!(store.read(|tx| tx.final_count()).unwrap(), KEEP);
+    for n in 0..NODES {
+        let node = format!("n{n}");
+        assert_eq!(store.read(|tx| tx.final_count(&node)).unwrap(), KEEP);
+    }
     let db = database_of(&url);
-    assert_eq!(
-        pg.sql(db, "SELECT count(*) FROM runs").trim(),
-        KEEP.to_string()
-    );
+    let kept = (NODES as u64 * KEEP).to_string();
+    assert_eq!(pg.sql(db, "SELECT count(*) FROM runs").trim(), kept);
     assert_eq!(
         pg.sql(db, "SELECT cardinality(run_ids) FROM sets").trim(),
-        KEEP.to_string()
+        kept
     );
-    assert_eq!(
-        pg.sql(db, "SELECT refs FROM program_refs").trim(),
-        KEEP.to_string()
-    );
+    assert_eq!(pg.sql(db, "SELECT refs FROM program_refs").trim(), kept);
 }
 
 /// Coordinators starting together on a blank database lay it out once, and all open it.
@@ -397,4 +394,58 @@ fn a_fleet_served_from_postgres_joins_and_finishes_a_run() {
     );
     let row = serde_json::from_str::<Value>(&offline).unwrap()[0].clone();
     assert_eq!(row["state"], "finished", "read from the database: {row:#}");
+}
+
+/// A database laid out by schema 1 (one fleet-wide final order, leases in the node records, the
+/// programs table) opens upgraded to the current schema with every record kept where it goes.
+#[test]
+fn schema_1_database_upgraded_at_open() {
+    use fleet_proto::run::RunState;
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    PostgresBackend::open(&url).unwrap().create(1).unwrap();
+    let waiting = conformance::run("r-wait", "s", "n-a", b"p", 1);
+    let mut taken = conformance::run("r-taken", "s", "n-a", b"p", 2);
+    taken.accepted = true;
+    let mut ended = conformance::run("r-ended", "s", "n-a", b"p", 3);
+    ended.state = RunState::Finished;
+    let node = serde_json::json!({
+        "id": "n-a", "public_key": "ed25519:a", "name": null, "facts": null,
+        "joined_at_ms": 1, "last_heartbeat_ms": 7, "lease_until_ms": 9, "generation": 3
+    });
+    let mut sql = format!("INSERT INTO nodes (id, record) VALUES ('n-a', '{node}');");
+    for run in [&waiting, &taken, &ended] {
+        let record = serde_json::to_string(run).unwrap();
+        sql += &format!(
+            "INSERT INTO runs (id, node_id, record) VALUES ('{}', 'n-a', '{record}');",
+            run.id
+        );
+    }
+    sql += "INSERT INTO active_runs VALUES ('r-wait', 'n-a'), ('r-taken', 'n-a');
+            INSERT INTO final_runs (run_id) VALUES ('r-ended');
+            INSERT INTO programs VALUES ('sha256:00', '');";
+    let db = database_of(&url);
+    pg.sql(db, &sql);
+    let store = open(&url);
+    let waiting_ids: Vec<String> = (store.waiting_runs("n-a").unwrap())
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(waiting_ids, ["r-wait"]);
+    assert_eq!(store.active_runs().unwrap().len(), 2);
+    assert_eq!(store.read(|tx| tx.final_count("n-a")).unwrap(), 1);
+    let node = store.node("n-a").unwrap().unwrap();
+    assert_eq!(
+        (node.last_heartbeat_ms, node.lease_until_ms, node.generation),
+        (Some(7), 9, 3)
+    );
+    assert_eq!(
+        pg.sql(db, "SELECT value FROM meta WHERE key = 'schema_version'")
+            .trim(),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(
+        pg.sql(db, "SELECT to_regclass('programs') IS NULL").trim(),
+        "t"
+    );
 }

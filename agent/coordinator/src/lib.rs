@@ -5,6 +5,7 @@
 //! `operator` (requests a CLI or hub sends to a serving coordinator), `store` (the store
 //! and its rules, over a backend: the embedded redb one or PostgreSQL, by [`StoreLocation`]),
 //! `userdata` (the `#cloud-config`).
+pub mod commit;
 pub mod content;
 pub mod http;
 pub mod operator;
@@ -95,6 +96,8 @@ impl StoreLocation {
 pub struct Coordinator {
     pub data: PathBuf,
     pub store: Arc<Store>,
+    /// Sessions' store changes, applied in batches (group commit).
+    pub commits: commit::Committer,
     pub key: KeyPair,
     /// Sessions and wake-ups while serving.
     pub live: runs::Live,
@@ -209,10 +212,11 @@ impl Coordinator {
         };
         fsutil::create_private_dir(data).map_err(data_err)?;
         let key = load_or_create_key(&data.join(KEY_FILE))?;
-        let store = Store::open(store.backend(data)?, KEEP_FINAL_RUNS)?;
+        let store = Arc::new(Store::open(store.backend(data)?, KEEP_FINAL_RUNS)?);
         Ok(Coordinator {
             data: data.to_path_buf(),
-            store: Arc::new(store),
+            commits: commit::Committer::start(store.clone()),
+            store,
             key,
             live: runs::Live::default(),
             blobs: blobs(data),

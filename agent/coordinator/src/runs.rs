@@ -1,6 +1,6 @@
 //! The run API, mirroring the hub's `fleet.run`, `fleet.run.status` and `fleet.run.collect`: a set
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
-use super::store::RunRow;
+use super::store::{Beat, RunRow};
 use super::{Coordinator, CoordinatorError};
 use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
@@ -9,9 +9,10 @@ use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Wo
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 /// How long a command through a session may take; a collect moves a whole file first.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -128,11 +129,21 @@ fn unexpected(row: &RunRow, what: &str, reply: &Reply) -> CoordinatorError {
 /// A request to a node through its live session, answered with the command's result.
 pub type NodeCall = (Command, oneshot::Sender<Answer>);
 
-/// The serving coordinator's live side: which nodes have a session, and a change counter that
-/// wakes sessions when new runs wait for them.
+/// One node's live session, as the rest of the coordinator reaches it.
+pub struct SessionHandle {
+    pub generation: u64,
+    /// Commands for the node, answered through the session.
+    pub calls: mpsc::Sender<NodeCall>,
+    /// Woken when runs may wait for the node: the session then reads its own waiting runs.
+    pub wake: Arc<Notify>,
+}
+
+/// The serving coordinator's live side: which nodes have a session here, the heartbeats not
+/// written yet, and what is held only in memory.
 pub struct Live {
-    pub changes: watch::Sender<u64>,
-    pub sessions: Mutex<HashMap<String, (u64, mpsc::Sender<NodeCall>)>>,
+    pub sessions: Mutex<HashMap<String, SessionHandle>>,
+    /// The newest heartbeat of each node since the last write; written in one batch a second.
+    pub beats: Mutex<HashMap<String, Beat>>,
     /// Set while `serve` runs: only then can a registry credential be held for a run.
     pub serving: std::sync::atomic::AtomicBool,
     /// Registry credentials by run id, until the node takes the run; memory only.
@@ -181,8 +192,8 @@ pub struct Replicated {
 impl Default for Live {
     fn default() -> Live {
         Live {
-            changes: watch::channel(0).0,
             sessions: Mutex::new(HashMap::new()),
+            beats: Default::default(),
             serving: Default::default(),
             credentials: Default::default(),
             tickets: Default::default(),
@@ -191,8 +202,20 @@ impl Default for Live {
 }
 
 impl Live {
-    pub fn poke(&self) {
-        self.changes.send_modify(|n| *n += 1);
+    /// Wakes the sessions held here of the nodes named; the others are not this coordinator's.
+    pub fn wake<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) {
+        let sessions = self.sessions.lock().expect("sessions");
+        for node in nodes {
+            if let Some(session) = sessions.get(node) {
+                session.wake.notify_one();
+            }
+        }
+    }
+
+    /// The calls channel of the node's session, when this coordinator holds it.
+    pub fn calls(&self, node_id: &str) -> Option<mpsc::Sender<NodeCall>> {
+        let sessions = self.sessions.lock().expect("sessions");
+        sessions.get(node_id).map(|s| s.calls.clone())
     }
 }
 
@@ -303,7 +326,7 @@ impl Coordinator {
             }
             return Err(e.into());
         }
-        self.live.poke();
+        self.live.wake(selected.iter().map(String::as_str));
         Ok(SetView {
             set_id,
             program: what,
@@ -498,14 +521,7 @@ impl Coordinator {
         what: &str,
         command: Command,
     ) -> Result<Reply, CoordinatorError> {
-        let link = self
-            .live
-            .sessions
-            .lock()
-            .expect("sessions")
-            .get(node_id)
-            .map(|(_, tx)| tx.clone());
-        let Some(link) = link else {
+        let Some(link) = self.live.calls(node_id) else {
             return Err(CoordinatorError::Request(format!(
                 "node {} has no session now: {what} needs it connected to a serving coordinator",
                 node_id

@@ -1,14 +1,14 @@
 //! `coordinator serve`: one port for joins, sessions (TLS, first byte 0x16) and the bundle
 //! download (plain HTTP). A refused request is answered by closing the connection, nothing more.
-use super::runs::NodeCall;
-use super::store::{NodeEvent, RunRow};
+use super::runs::{NodeCall, SessionHandle};
+use super::store::{Applied, Beat, Change, NodeEvent, RunRow};
 use super::{Coordinator, http, node_id, token_hash};
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::pin::{self, CLOCK_SKEW, CertInfo};
 use fleet_proto::protocol::{self, Answer, Command, Down, MAX_UNIDENTIFIED_FRAME, StartRun, Up};
 use fleet_proto::run::Workload;
 use std::collections::{HashMap, HashSet};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -21,6 +21,9 @@ use tokio_rustls::server::TlsStream;
 /// little time and little memory (see [`MAX_UNIDENTIFIED_FRAME`]).
 const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 const TLS_HANDSHAKE: u8 = 0x16;
+/// Heartbeats are written together this often at most (at least once per heartbeat interval):
+/// one commit a second, whatever the fleet's size.
+const BEAT_WRITES: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -54,6 +57,13 @@ pub async fn serve(
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let sweeper = tokio::spawn(sweep_forever(coordinator.clone(), config.clone()));
     let _stop_sweeper = AbortOnDrop(sweeper);
+    let beats = tokio::spawn(write_beats_forever(
+        coordinator.clone(),
+        BEAT_WRITES.min(config.heartbeat),
+    ));
+    let _stop_beats = AbortOnDrop(beats);
+    let poll = tokio::spawn(wake_waiting_forever(coordinator.clone(), config.heartbeat));
+    let _stop_poll = AbortOnDrop(poll);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -89,6 +99,37 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// Writes the heartbeats gathered since the last write, in one change (one commit).
+async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        let beats: Vec<Beat> = std::mem::take(&mut *coordinator.live.beats.lock().expect("beats"))
+            .into_values()
+            .collect();
+        if beats.is_empty() {
+            continue;
+        }
+        if let Err(e) = coordinator.commits.submit(Change::Beats(beats)).await {
+            tracing::warn!("writing heartbeats failed: {e}");
+        }
+    }
+}
+
+/// The fallback for a wake-up that did not come (a run created through another coordinator of
+/// the same database): every `period`, the sessions held here whose node has runs waiting look
+/// at them. One read of the waiting index, whatever the fleet's size.
+async fn wake_waiting_forever(coordinator: Arc<Coordinator>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        match coordinator.with_store(|store| store.waiting_nodes()).await {
+            Ok(nodes) => coordinator.live.wake(nodes.iter().map(String::as_str)),
+            Err(e) => tracing::warn!("reading the waiting runs failed: {e}"),
+        }
     }
 }
 
@@ -242,11 +283,17 @@ async fn session(
         ));
     }
     let lease_ms = config.lease.as_millis() as u64;
-    let id = node_id.clone();
-    let generation = coordinator
-        .with_store(move |store| store.open_session(&id, now_ms() + lease_ms))
+    let opened = coordinator
+        .commits
+        .submit(Change::OpenSession {
+            node_id: node_id.clone(),
+            lease_until_ms: now_ms() + lease_ms,
+        })
         .await
         .map_err(|e| e.to_string())?;
+    let Applied::Generation(generation) = opened else {
+        return Err(format!("opening a session was answered with {opened:?}"));
+    };
     let welcome = Down::Welcome {
         generation,
         heartbeat_ms: config.heartbeat.as_millis() as u64,
@@ -258,12 +305,13 @@ async fn session(
     tracing::info!(%node_id, generation, "session open");
     let lapses = tokio::time::Instant::now() + Duration::from_secs(length as u64);
     let (calls_tx, calls) = mpsc::channel(16);
-    coordinator
-        .live
-        .sessions
-        .lock()
-        .expect("sessions")
-        .insert(node_id.clone(), (generation, calls_tx));
+    let wake = Arc::new(Notify::new());
+    let handle = SessionHandle {
+        generation,
+        calls: calls_tx,
+        wake: wake.clone(),
+    };
+    (coordinator.live.sessions.lock().expect("sessions")).insert(node_id.clone(), handle);
     let (reader, writer) = tokio::io::split(stream);
     let mut link = Link {
         coordinator,
@@ -275,12 +323,12 @@ async fn session(
         inflight: HashMap::new(),
         next_op: 0,
     };
-    let ended = link.serve(reader, calls, lapses, config.lease).await;
+    let ended = link.serve(reader, calls, &wake, lapses, config.lease).await;
     let mut sessions = coordinator.live.sessions.lock().expect("sessions");
     // A newer session of the same node may have registered meanwhile; leave it be.
     if sessions
         .get(&node_id)
-        .is_some_and(|(g, _)| *g == generation)
+        .is_some_and(|s| s.generation == generation)
     {
         sessions.remove(&node_id);
     }
@@ -314,6 +362,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         &mut self,
         reader: R,
         mut calls: mpsc::Receiver<NodeCall>,
+        wake: &Notify,
         lapses: tokio::time::Instant,
         lease: Duration,
     ) -> Result<(), String> {
@@ -332,7 +381,6 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 }
             }
         });
-        let mut changes = self.coordinator.live.changes.subscribe();
         let result = async {
             self.dispatch().await?;
             loop {
@@ -340,11 +388,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     _ = tokio::time::sleep_until(lapses) => {
                         return Err(format!("the session credential of {node_id} lapsed"));
                     }
-                    changed = changes.changed() => {
-                        if changed.is_ok() {
-                            self.dispatch().await?;
-                        }
-                    }
+                    _ = wake.notified() => self.dispatch().await?,
                     Some((command, reply)) = calls.recv() => {
                         let op = self.op_id("call");
                         self.inflight.insert(op.clone(), Pending::Call(reply));
@@ -497,7 +541,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             match msg {
                 Up::Event { event } => events.push(NodeEvent::Known(event)),
                 Up::Heartbeat => heartbeat = true,
-                Up::Facts { facts } => self.heartbeat(Some(facts)).await?,
+                Up::Facts { facts } => self.heartbeat(facts).await?,
                 Up::Result { op, answer } => self.answered(&op, answer, &mut accepted),
                 _ => {
                     return Err(format!(
@@ -507,24 +551,23 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 }
             }
         }
-        // Events prove the node alive too, but the lease is only written on heartbeats: one write
-        // per interval, not one per batch.
+        // Events prove the node alive too, but the lease is only written on heartbeats, and those
+        // are written for the whole fleet together (see [`write_beats_forever`]).
         if heartbeat {
-            self.heartbeat(None).await?;
+            let beat = self.beat();
+            (self.coordinator.live.beats.lock().expect("beats")).insert(beat.node_id.clone(), beat);
         }
         if !accepted.is_empty() {
-            self.coordinator
-                .with_store(move |store| store.accept_runs(&accepted))
-                .await
-                .map_err(|e| e.to_string())?;
+            self.commit(Change::Accept(accepted)).await?;
         }
         if !events.is_empty() {
-            let id = self.node_id.clone();
-            let up_to = self
-                .coordinator
-                .with_store(move |store| store.apply_events(&id, &events))
-                .await
-                .map_err(|e| e.to_string())?;
+            let change = Change::Events {
+                node_id: self.node_id.clone(),
+                events,
+            };
+            let Applied::EventsUpTo(up_to) = self.commit(change).await? else {
+                return Err("storing events was answered with something else".into());
+            };
             protocol::write_msg(&mut self.writer, &Down::Ack { up_to })
                 .await
                 .map_err(|e| e.to_string())?;
@@ -532,16 +575,24 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         Ok(())
     }
 
-    /// Records a heartbeat (with new facts, when given) and extends the node's lease.
-    async fn heartbeat(&self, facts: Option<fleet_proto::facts::Facts>) -> Result<(), String> {
-        let (id, lease_ms) = (self.node_id.clone(), self.lease_ms);
-        self.coordinator
-            .with_store(move |store| {
-                let now = now_ms();
-                store.heartbeat(&id, now, now + lease_ms, facts)
-            })
-            .await
-            .map_err(|e| e.to_string())
+    /// A heartbeat heard now, and the lease it extends.
+    fn beat(&self) -> Beat {
+        let now = now_ms();
+        Beat {
+            node_id: self.node_id.clone(),
+            at_ms: now,
+            lease_until_ms: now + self.lease_ms,
+        }
+    }
+
+    /// Records new facts, with the heartbeat they are.
+    async fn heartbeat(&self, facts: fleet_proto::facts::Facts) -> Result<(), String> {
+        let beat = self.beat();
+        self.commit(Change::Facts { beat, facts }).await.map(drop)
+    }
+
+    async fn commit(&self, change: Change) -> Result<Applied, String> {
+        (self.coordinator.commits.submit(change).await).map_err(|e| e.to_string())
     }
 
     /// A run whose registry credential is gone (the coordinator restarted before the node took

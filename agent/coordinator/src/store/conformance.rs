@@ -7,8 +7,8 @@
 //!
 //! The checks panic on the first broken rule, naming it.
 use super::{
-    Backend, BootstrapFailure, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow, SCHEMA_VERSION, Store,
-    StoreError, TokenRecord,
+    Applied, Backend, Beat, BootstrapFailure, Change, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow,
+    SCHEMA_VERSION, Store, StoreError, TokenRecord,
 };
 use fleet_proto::Digest;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
@@ -61,6 +61,15 @@ pub const RULES: &[(&str, Rule)] = &[
     (
         "schema_version_mismatch_refused",
         schema_version_mismatch_refused,
+    ),
+    ("retention_is_per_node", retention_is_per_node),
+    (
+        "waiting_index_follows_the_runs",
+        waiting_index_follows_the_runs,
+    ),
+    (
+        "changes_applied_together_each_answered",
+        changes_applied_together_each_answered,
     ),
 ];
 
@@ -164,7 +173,7 @@ fn active_ids(store: &Store) -> Vec<String> {
 }
 
 fn final_count(store: &Store) -> u64 {
-    store.read(|tx| tx.final_count()).unwrap()
+    store.read(|tx| tx.final_count(NODE_A)).unwrap()
 }
 
 /// A token is spent once: a second key is refused, the same key is answered again (its answer
@@ -331,6 +340,41 @@ pub fn sessions_and_heartbeats(blank: Blank) {
     assert!(
         store.open_session("n-unknown", 1).is_err(),
         "a session for a node that never joined"
+    );
+    join(&store, NODE_B, KEY_B);
+    let facts = fleet_proto::facts::Facts {
+        arch: "x86_64".into(),
+        cpus: 2,
+        memory_bytes: 1 << 30,
+        disk_free_bytes: 1 << 30,
+        kernel: "6.1".into(),
+        os: "debian".into(),
+        agent_version: "test".into(),
+        accelerators: Vec::new(),
+        measured_link: None,
+    };
+    store
+        .heartbeat(NODE_A, 2_600, 4_100, Some(facts.clone()))
+        .unwrap();
+    store.heartbeat(NODE_A, 2_700, 4_200, None).unwrap();
+    let node = store.node(NODE_A).unwrap().unwrap();
+    assert_eq!(
+        (node.last_heartbeat_ms, node.lease_until_ms),
+        (Some(2_700), 4_200)
+    );
+    assert_eq!(node.facts, Some(facts), "a heartbeat keeps the last facts");
+    assert_eq!(node.generation, 2, "a heartbeat keeps the generation");
+    let listed = store.nodes().unwrap();
+    let a = listed.iter().find(|n| n.id == NODE_A).expect("listed");
+    assert_eq!(
+        (a.last_heartbeat_ms, a.lease_until_ms),
+        (Some(2_700), 4_200)
+    );
+    let b = store.node(NODE_B).unwrap().unwrap();
+    assert_eq!(
+        (b.last_heartbeat_ms, b.lease_until_ms),
+        (None, 1_000),
+        "another node's lease is its own"
     );
 }
 
@@ -782,5 +826,152 @@ pub fn assert_newer_schema_refused(message: &str, location: &str) {
             "the coordinator store {location} has schema version {}, but this coordinator reads version {SCHEMA_VERSION}: run the coordinator that wrote it, or move the store aside",
             SCHEMA_VERSION + 1
         )
+    );
+}
+
+/// Retention counts each node's final runs apart: one node's many runs never push out another
+/// node's rows (a set spread over a fleet keeps every row while it is read).
+pub fn retention_is_per_node(blank: Blank) {
+    let store = open(blank, 2);
+    join(&store, NODE_A, KEY_A);
+    join(&store, NODE_B, KEY_B);
+    let mut runs = vec![run("b1", "s1", NODE_B, b"p", 1)];
+    runs.extend((1..=4).map(|n| run(&format!("a{n}"), "s1", NODE_A, b"p", n)));
+    create(&store, "s1", &runs);
+    store
+        .apply_events(NODE_B, &[event(1, "b1", RunState::Finished)])
+        .unwrap();
+    for n in 1..=4 {
+        store
+            .apply_events(NODE_A, &[event(n, &format!("a{n}"), RunState::Finished)])
+            .unwrap();
+    }
+    assert!(store.run("b1").unwrap().is_some(), "B's only run is kept");
+    assert!(store.run("a1").unwrap().is_none() && store.run("a2").unwrap().is_none());
+    assert!(store.run("a3").unwrap().is_some() && store.run("a4").unwrap().is_some());
+    assert_eq!(final_count(&store), 2);
+    assert_eq!(store.read(|tx| tx.final_count(NODE_B)).unwrap(), 1);
+    let mut kept: Vec<String> = (store.set_runs("s1").unwrap().expect("the set stays"))
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["a3", "a4", "b1"]);
+}
+
+/// The waiting index holds exactly the runs not taken yet, under their node: a start answered,
+/// an event about the run (the answer may have been lost), or a final state takes it out.
+pub fn waiting_index_follows_the_runs(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    join(&store, NODE_B, KEY_B);
+    create(
+        &store,
+        "s1",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            run("r2", "s1", NODE_A, b"p", 2),
+            run("r3", "s1", NODE_A, b"p", 3),
+            run("r4", "s1", NODE_B, b"p", 4),
+        ],
+    );
+    let nodes = |store: &Store| {
+        let mut nodes = store.waiting_nodes().unwrap();
+        nodes.sort();
+        nodes
+    };
+    let indexed = |node: &str| {
+        let mut ids = store.read(|tx| tx.waiting(node)).unwrap();
+        ids.sort();
+        ids
+    };
+    assert_eq!(nodes(&store), [NODE_A, NODE_B]);
+    assert_eq!(indexed(NODE_A), ["r1", "r2", "r3"]);
+    store.accept_runs(&[("r1".into(), None)]).unwrap();
+    store
+        .apply_events(NODE_A, &[event(1, "r2", RunState::Running)])
+        .unwrap();
+    assert!(
+        store.run("r2").unwrap().unwrap().accepted,
+        "an event takes the run"
+    );
+    store.fail_run("r3", RunState::Failed, "swept").unwrap();
+    assert!(indexed(NODE_A).is_empty());
+    assert_eq!(nodes(&store), [NODE_B], "only B still has runs waiting");
+    assert_eq!(indexed(NODE_B), ["r4"]);
+    store.accept_runs(&[("r4".into(), None)]).unwrap();
+    assert!(nodes(&store).is_empty());
+    assert_eq!(
+        active_ids(&store),
+        ["r1", "r2", "r4"],
+        "taken runs stay active"
+    );
+}
+
+/// Many sessions' changes in one transaction: each is applied and answered as if alone, and a
+/// change that cannot be applied (a node that never joined) fails alone.
+pub fn changes_applied_together_each_answered(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    join(&store, NODE_B, KEY_B);
+    create(
+        &store,
+        "s1",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            run("r2", "s1", NODE_B, b"p", 2),
+        ],
+    );
+    let beat = |node: &str, at_ms| Beat {
+        node_id: node.into(),
+        at_ms,
+        lease_until_ms: at_ms + 1_000,
+    };
+    let changes = [
+        Change::OpenSession {
+            node_id: NODE_A.into(),
+            lease_until_ms: 5_000,
+        },
+        Change::Accept(vec![("r1".into(), None), ("r2".into(), None)]),
+        Change::Events {
+            node_id: NODE_A.into(),
+            events: vec![event(1, "r1", RunState::Finished)],
+        },
+        Change::Events {
+            node_id: "n-never-joined".into(),
+            events: vec![event(1, "r2", RunState::Finished)],
+        },
+        Change::Beats(vec![beat(NODE_B, 7_000), beat("n-never-joined", 7_000)]),
+        Change::Events {
+            node_id: NODE_B.into(),
+            events: vec![event(4, "r2", RunState::Running)],
+        },
+    ];
+    let answers = store.apply(&changes);
+    assert_eq!(answers.len(), changes.len(), "one answer per change");
+    assert_eq!(answers[0].as_ref().ok(), Some(&Applied::Generation(1)));
+    assert_eq!(answers[1].as_ref().ok(), Some(&Applied::Done));
+    assert_eq!(answers[2].as_ref().ok(), Some(&Applied::EventsUpTo(1)));
+    assert!(
+        matches!(&answers[3], Err(StoreError::Corrupt(what)) if what.contains("n-never-joined")),
+        "{:?}",
+        answers[3]
+    );
+    assert_eq!(answers[4].as_ref().ok(), Some(&Applied::Done));
+    assert_eq!(answers[5].as_ref().ok(), Some(&Applied::EventsUpTo(4)));
+    assert_eq!(state_of(&store, "r1"), RunState::Finished);
+    assert_eq!(state_of(&store, "r2"), RunState::Running);
+    let b = store.node(NODE_B).unwrap().unwrap();
+    assert_eq!(
+        (b.last_heartbeat_ms, b.lease_until_ms),
+        (Some(7_000), 8_000)
+    );
+    assert!(store.node("n-never-joined").unwrap().is_none());
+    let again = store.apply(&changes[..3]);
+    assert_eq!(again[0].as_ref().ok(), Some(&Applied::Generation(2)));
+    assert_eq!(
+        again[2].as_ref().ok(),
+        Some(&Applied::EventsUpTo(1)),
+        "a change applied twice is deduped as a node's resent event is"
     );
 }

@@ -3,9 +3,11 @@
 //! - [`Store`] (in `rules.rs`) is what the coordinator calls: one method per intent (redeem a
 //!   token, take the runs waiting for a node, apply a node's events, fail a run, ...), each one
 //!   transaction. The rules live there and only there: events deduped per node by id, states
-//!   moving only forward, a final run retired into the retention order with the oldest pruned
-//!   beyond [`Store::keep_final_runs`] (with its set once empty and its program once no kept run
-//!   refers to it), expired tokens pruned at the next mint, and the schema version checked at open.
+//!   moving only forward, a final run retired into its node's retention order with that node's
+//!   oldest pruned beyond [`Store::keep_final_runs`] (with its set once empty and its program
+//!   once no kept run refers to it), expired tokens pruned at the next mint, and the schema
+//!   version checked at open (an older one upgraded, a newer one refused). [`Store::apply`]
+//!   applies many sessions' [`Change`]s in one transaction (group commit).
 //! - [`Backend`] with [`ReadTx`] and [`WriteTx`] is what a database provides: typed records read
 //!   and written inside one transaction, and nothing else. [`redb::RedbBackend`] is the embedded
 //!   one, [`postgres::PostgresBackend`] the shared one.
@@ -27,12 +29,26 @@ mod rules;
 pub use self::postgres::PostgresBackend;
 pub use redb::RedbBackend;
 
-/// The newest this many final runs are kept by default.
+pub use rules::{Applied, Change};
+
+/// The newest this many final runs of each node are kept by default, as a machine keeps its run
+/// folders.
 pub const KEEP_FINAL_RUNS: u64 = 1000;
 
 /// The layout of the records this coordinator reads and writes; a store records the version it
-/// was created with, and a store of another version is refused at open.
-pub const SCHEMA_VERSION: u64 = 1;
+/// was created with. An older store is upgraded at open; a newer one is refused.
+///
+/// 1: one retention order for the whole fleet; 2: retention per node, a waiting index per node,
+/// and the lease apart from the node's record (a heartbeat writes only it).
+pub const SCHEMA_VERSION: u64 = 2;
+
+/// A heartbeat as written: when it came, and until when it holds the node's lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beat {
+    pub node_id: String,
+    pub at_ms: u64,
+    pub lease_until_ms: u64,
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenRecord {
@@ -238,6 +254,9 @@ pub trait Backend: Send + Sync {
     fn layout(&self) -> StoreResult<Layout>;
     /// Lays out a blank store and records `version` as its schema version.
     fn create(&self, version: u64) -> StoreResult<()>;
+    /// Moves a store of schema version `from` to `to` (both known to this backend, `from` lower)
+    /// in one transaction, keeping every record.
+    fn upgrade(&self, from: u64, to: u64) -> StoreResult<()>;
     /// Runs `f` on a consistent snapshot.
     fn read(&self, f: &mut dyn FnMut(&dyn ReadTx) -> StoreResult<()>) -> StoreResult<()>;
     /// Runs `f` in one transaction: committed when `f` returns Ok, rolled back when it fails. A
@@ -263,15 +282,22 @@ pub trait ReadTx {
     fn set(&self, id: &str) -> StoreResult<Option<Vec<String>>>;
     /// The ids of the runs in the active index, for one node or for all, in any order.
     fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>>;
-    /// How many runs the retention order holds.
-    fn final_count(&self) -> StoreResult<u64>;
+    /// The ids of the runs in the waiting index of one node (read by that index), in any order.
+    fn waiting(&self, node_id: &str) -> StoreResult<Vec<String>>;
+    /// The nodes with at least one run in the waiting index, each once.
+    fn waiting_nodes(&self) -> StoreResult<Vec<String>>;
+    /// How many runs the node's retention order holds.
+    fn final_count(&self, node_id: &str) -> StoreResult<u64>;
 }
 
 /// Writes inside a transaction (on top of its reads, which see them).
 pub trait WriteTx: ReadTx {
     fn put_token(&mut self, hash: &str, token: &TokenRecord) -> StoreResult<()>;
     fn remove_token(&mut self, hash: &str) -> StoreResult<()>;
+    /// Writes the whole record, lease included.
     fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()>;
+    /// Writes only the heartbeat and lease of each known node (an unknown one is skipped).
+    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()>;
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()>;
     /// Removes the content's reference count.
     fn remove_program(&mut self, digest: &str) -> StoreResult<()>;
@@ -281,11 +307,14 @@ pub trait WriteTx: ReadTx {
     fn remove_set(&mut self, id: &str) -> StoreResult<()>;
     /// Adds a run to the active index under its node.
     fn put_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
-    fn remove_active(&mut self, run_id: &str) -> StoreResult<()>;
-    /// Appends a run to the retention order (after every run appended before).
-    fn push_final(&mut self, run_id: &str) -> StoreResult<()>;
-    /// Takes the oldest run out of the retention order.
-    fn pop_final(&mut self) -> StoreResult<Option<String>>;
+    fn remove_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    /// Adds a run to its node's waiting index.
+    fn put_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    fn remove_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    /// Appends a run to its node's retention order (after every run appended before).
+    fn push_final(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    /// Takes the node's oldest run out of its retention order.
+    fn pop_final(&mut self, node_id: &str) -> StoreResult<Option<String>>;
 }
 
 /// Everything the coordinator remembers, over one backend; each method is one transaction. The

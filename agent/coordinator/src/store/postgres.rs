@@ -7,7 +7,7 @@
 //! (SQLSTATE 40001, 40P01); reads run on one REPEATABLE READ snapshot. Connections are kept in a
 //! small pool. Every call blocks: async code reaches the store through `spawn_blocking`.
 use super::{
-    Backend, Layout, NodeRecord, ReadTx, RunRow, SCHEMA_VERSION, StoreError, StoreResult,
+    Backend, Beat, Layout, NodeRecord, ReadTx, RunRow, SCHEMA_VERSION, StoreError, StoreResult,
     TokenRecord, WriteTx,
 };
 use postgres::config::Host;
@@ -35,6 +35,23 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE active_runs (run_id text PRIMARY KEY, node_id text NOT NULL);
      CREATE INDEX active_runs_by_node ON active_runs (node_id);
      CREATE TABLE final_runs (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id text NOT NULL);",
+    // 2: retention per node, a waiting index per node, the lease in columns of its own (a
+    // heartbeat writes only them), and the emptied programs table gone.
+    "ALTER TABLE nodes ADD COLUMN last_heartbeat_ms bigint,
+                       ADD COLUMN lease_until_ms bigint NOT NULL DEFAULT 0;
+     UPDATE nodes SET last_heartbeat_ms = (record->>'last_heartbeat_ms')::bigint,
+                      lease_until_ms = (record->>'lease_until_ms')::bigint;
+     CREATE TABLE waiting_runs (node_id text NOT NULL, run_id text NOT NULL,
+                                PRIMARY KEY (node_id, run_id));
+     INSERT INTO waiting_runs (node_id, run_id)
+         SELECT a.node_id, a.run_id FROM active_runs a JOIN runs r ON r.id = a.run_id
+         WHERE NOT (r.record->>'accepted')::boolean;
+     ALTER TABLE final_runs ADD COLUMN node_id text;
+     UPDATE final_runs f SET node_id = r.node_id FROM runs r WHERE r.id = f.run_id;
+     DELETE FROM final_runs WHERE node_id IS NULL;
+     ALTER TABLE final_runs ALTER COLUMN node_id SET NOT NULL;
+     CREATE INDEX final_runs_by_node ON final_runs (node_id, seq);
+     DROP TABLE programs;",
 ];
 
 const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
@@ -357,25 +374,13 @@ impl Backend for PostgresBackend {
     /// `version`, in one transaction under an advisory lock; when another coordinator laid the
     /// store out meanwhile, it is left as that one made it.
     fn create(&self, version: u64) -> StoreResult<()> {
-        self.with_conn(|conn| {
-            let mut tx = conn.client.transaction().map_err(fail)?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-                .map_err(fail)?;
-            if layout_of(&mut tx).map_err(fail)? != Layout::Blank {
-                return tx.commit().map_err(fail);
-            }
-            for migration in MIGRATIONS.iter().take(version as usize) {
-                tx.batch_execute(migration).map_err(fail)?;
-            }
-            let version = i64::try_from(version)
-                .map_err(|_| StoreError::Refused(format!("schema version {version}")))?;
-            tx.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', $1)",
-                &[&version],
-            )
-            .map_err(fail)?;
-            tx.commit().map_err(fail)
-        })
+        self.migrate(Layout::Blank, 0, version)
+    }
+
+    /// Applies the migrations after `from` up to `to`, in one transaction under the same lock;
+    /// when another coordinator upgraded the store meanwhile, it is left as that one made it.
+    fn upgrade(&self, from: u64, to: u64) -> StoreResult<()> {
+        self.migrate(Layout::Version(from), from, to)
     }
 
     fn read(&self, f: &mut dyn FnMut(&dyn ReadTx) -> StoreResult<()>) -> StoreResult<()> {
@@ -423,6 +428,31 @@ impl Backend for PostgresBackend {
 }
 
 impl PostgresBackend {
+    /// Moves the store from `found` (schema `from`) to schema `to`, unless another coordinator
+    /// moved it first.
+    fn migrate(&self, found: Layout, from: u64, to: u64) -> StoreResult<()> {
+        self.with_conn(|conn| {
+            let mut tx = conn.client.transaction().map_err(fail)?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .map_err(fail)?;
+            if layout_of(&mut tx).map_err(fail)? != found {
+                return tx.commit().map_err(fail);
+            }
+            for migration in MIGRATIONS.iter().take(to as usize).skip(from as usize) {
+                tx.batch_execute(migration).map_err(fail)?;
+            }
+            let version = i64::try_from(to)
+                .map_err(|_| StoreError::Refused(format!("schema version {to}")))?;
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', $1)
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                &[&version],
+            )
+            .map_err(fail)?;
+            tx.commit().map_err(fail)
+        })
+    }
+
     /// Starts a transaction. A pooled connection that the server closed while it was idle (a
     /// restart) fails here, before anything was done, so it is replaced by a new one, once.
     fn begin(&self, conn: &mut Conn, begin: &str) -> StoreResult<()> {
@@ -523,14 +553,19 @@ impl ReadTx for PgTx<'_> {
     }
 
     fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
-        self.record("SELECT record FROM nodes WHERE id = $1", id)
+        let row = self.query_opt(
+            "SELECT id, record, last_heartbeat_ms, lease_until_ms FROM nodes WHERE id = $1",
+            &[&id],
+        )?;
+        row.as_ref().map(node_of).transpose()
     }
 
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
-        let rows = self.query("SELECT id, record FROM nodes", &[])?;
-        rows.iter()
-            .map(|row| decode(row, 1, row.get::<_, &str>(0)))
-            .collect()
+        let rows = self.query(
+            "SELECT id, record, last_heartbeat_ms, lease_until_ms FROM nodes",
+            &[],
+        )?;
+        rows.iter().map(node_of).collect()
     }
 
     fn program_refs(&self, digest: &str) -> StoreResult<u64> {
@@ -561,10 +596,39 @@ impl ReadTx for PgTx<'_> {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    fn final_count(&self) -> StoreResult<u64> {
-        let row = self.query_opt("SELECT count(*) FROM final_runs", &[])?;
+    fn waiting(&self, node_id: &str) -> StoreResult<Vec<String>> {
+        let rows = self.query(
+            "SELECT run_id FROM waiting_runs WHERE node_id = $1",
+            &[&node_id],
+        )?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
+        let rows = self.query("SELECT DISTINCT node_id FROM waiting_runs", &[])?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    fn final_count(&self, node_id: &str) -> StoreResult<u64> {
+        let row = self.query_opt(
+            "SELECT count(*) FROM final_runs WHERE node_id = $1",
+            &[&node_id],
+        )?;
         Ok(row.map_or(0, |row| count(row.get(0))))
     }
+}
+
+/// A node's record with its heartbeat and lease from their own columns.
+fn node_of(row: &Row) -> StoreResult<NodeRecord> {
+    let mut node: NodeRecord = decode(row, 1, row.get::<_, &str>(0))?;
+    node.last_heartbeat_ms = row.get::<_, Option<i64>>(2).map(count);
+    node.lease_until_ms = count(row.get(3));
+    Ok(node)
+}
+
+/// A time or count as PostgreSQL's bigint.
+fn bigint(value: u64) -> StoreResult<i64> {
+    i64::try_from(value).map_err(|_| StoreError::Refused(format!("{value} is past a bigint")))
 }
 
 impl WriteTx for PgTx<'_> {
@@ -581,10 +645,29 @@ impl WriteTx for PgTx<'_> {
     }
 
     fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()> {
+        let heard = node.last_heartbeat_ms.map(bigint).transpose()?;
         self.execute(
-            "INSERT INTO nodes (id, record) VALUES ($1, $2)
-             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
-            &[&node.id, &json(node)],
+            "INSERT INTO nodes (id, record, last_heartbeat_ms, lease_until_ms)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record,
+                 last_heartbeat_ms = EXCLUDED.last_heartbeat_ms,
+                 lease_until_ms = EXCLUDED.lease_until_ms",
+            &[&node.id, &json(node), &heard, &bigint(node.lease_until_ms)?],
+        )
+    }
+
+    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()> {
+        let ids: Vec<&str> = beats.iter().map(|b| b.node_id.as_str()).collect();
+        let heard = (beats.iter().map(|b| bigint(b.at_ms))).collect::<StoreResult<Vec<_>>>()?;
+        let leases =
+            (beats.iter().map(|b| bigint(b.lease_until_ms))).collect::<StoreResult<Vec<_>>>()?;
+        // One statement for the whole batch, in id order so that batches never deadlock.
+        self.execute(
+            "UPDATE nodes SET last_heartbeat_ms = b.heard, lease_until_ms = b.lease
+             FROM (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                   AS b(id, heard, lease) ORDER BY id) b
+             WHERE nodes.id = b.id",
+            &[&ids, &heard, &leases],
         )
     }
 
@@ -599,7 +682,6 @@ impl WriteTx for PgTx<'_> {
     }
 
     fn remove_program(&mut self, digest: &str) -> StoreResult<()> {
-        self.execute("DELETE FROM programs WHERE digest = $1", &[&digest])?;
         self.execute("DELETE FROM program_refs WHERE digest = $1", &[&digest])
     }
 
@@ -635,19 +717,37 @@ impl WriteTx for PgTx<'_> {
         )
     }
 
-    fn remove_active(&mut self, run_id: &str) -> StoreResult<()> {
+    fn remove_active(&mut self, run_id: &str, _node_id: &str) -> StoreResult<()> {
         self.execute("DELETE FROM active_runs WHERE run_id = $1", &[&run_id])
     }
 
-    fn push_final(&mut self, run_id: &str) -> StoreResult<()> {
-        self.execute("INSERT INTO final_runs (run_id) VALUES ($1)", &[&run_id])
+    fn put_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO waiting_runs (node_id, run_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[&node_id, &run_id],
+        )
     }
 
-    fn pop_final(&mut self) -> StoreResult<Option<String>> {
+    fn remove_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+        self.execute(
+            "DELETE FROM waiting_runs WHERE node_id = $1 AND run_id = $2",
+            &[&node_id, &run_id],
+        )
+    }
+
+    fn push_final(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO final_runs (run_id, node_id) VALUES ($1, $2)",
+            &[&run_id, &node_id],
+        )
+    }
+
+    fn pop_final(&mut self, node_id: &str) -> StoreResult<Option<String>> {
         let row = self.query_opt(
-            "DELETE FROM final_runs WHERE seq = (SELECT min(seq) FROM final_runs)
+            "DELETE FROM final_runs
+             WHERE seq = (SELECT min(seq) FROM final_runs WHERE node_id = $1)
              RETURNING run_id",
-            &[],
+            &[&node_id],
         )?;
         Ok(row.map(|row| row.get(0)))
     }

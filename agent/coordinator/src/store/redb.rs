@@ -1,31 +1,46 @@
 //! The embedded backend: one redb file, one table per record kind, records as JSON.
 use super::{
-    Backend, Layout, NodeRecord, ReadTx, RunRow, StoreError, StoreResult, TokenRecord, WriteTx,
+    Backend, Beat, Layout, NodeRecord, ReadTx, RunRow, StoreError, StoreResult, TokenRecord,
+    WriteTx,
 };
-use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
+use redb::{Database, ReadableTable, TableDefinition, TableHandle};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 
 /// sha256(token) hex -> TokenRecord JSON.
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
-/// node id -> NodeRecord JSON.
+/// node id -> NodeRecord JSON (its heartbeat and lease are in LEASES).
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
-/// program digest -> its bytes: what older versions kept; only emptied now (content lives in the
-/// coordinator's blob store on disk).
-const PROGRAMS: TableDefinition<&str, &[u8]> = TableDefinition::new("programs");
+/// node id -> (last heartbeat, lease until): what a heartbeat writes, apart from the record.
+const LEASES: TableDefinition<&str, (Option<u64>, u64)> = TableDefinition::new("leases");
 /// content digest (program or input) -> how many references stored runs hold on it.
 const PROGRAM_REFS: TableDefinition<&str, u64> = TableDefinition::new("program_refs");
 /// run id -> RunRow JSON.
 const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
 /// set id -> JSON list of its run ids.
 const SETS: TableDefinition<&str, &[u8]> = TableDefinition::new("sets");
-/// Runs not yet final: run id -> node id.
-const ACTIVE: TableDefinition<&str, &str> = TableDefinition::new("active_runs");
-/// Final runs in the order they ended (by a sequence number), oldest first.
-const FINAL: TableDefinition<u64, &str> = TableDefinition::new("final_runs");
+/// Runs not yet final, by (node id, run id).
+const ACTIVE: TableDefinition<(&str, &str), ()> = TableDefinition::new("active_by_node");
+/// Runs their node has not taken yet, by (node id, run id).
+const WAITING: TableDefinition<(&str, &str), ()> = TableDefinition::new("waiting_by_node");
+/// Each node's final runs in the order they ended: (node id, sequence number) -> run id.
+const FINAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("final_by_node");
+/// node id -> how many runs FINAL holds for it.
+const FINAL_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("final_counts");
 /// `schema_version`, and `final_seq` (the last sequence number given in FINAL).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// Schema 1's tables, read once by the upgrade to 2 and then deleted.
+mod v1 {
+    use redb::TableDefinition;
+    /// program digest -> its bytes (content moved to the blob store on disk).
+    pub const PROGRAMS: TableDefinition<&str, &[u8]> = TableDefinition::new("programs");
+    /// run id -> node id.
+    pub const ACTIVE: TableDefinition<&str, &str> = TableDefinition::new("active_runs");
+    /// One order for the whole fleet: sequence number -> run id.
+    pub const FINAL: TableDefinition<u64, &str> = TableDefinition::new("final_runs");
+}
 
 const SCHEMA_KEY: &str = "schema_version";
 const FINAL_SEQ_KEY: &str = "final_seq";
@@ -83,17 +98,82 @@ impl Backend for RedbBackend {
         let tx = self.db.begin_write().map_err(fail)?;
         tx.open_table(TOKENS).map_err(fail)?;
         tx.open_table(NODES).map_err(fail)?;
-        tx.open_table(PROGRAMS).map_err(fail)?;
+        tx.open_table(LEASES).map_err(fail)?;
         tx.open_table(PROGRAM_REFS).map_err(fail)?;
         tx.open_table(RUNS).map_err(fail)?;
         tx.open_table(SETS).map_err(fail)?;
         tx.open_table(ACTIVE).map_err(fail)?;
+        tx.open_table(WAITING).map_err(fail)?;
         tx.open_table(FINAL).map_err(fail)?;
+        tx.open_table(FINAL_COUNTS).map_err(fail)?;
         tx.open_table(META)
             .map_err(fail)?
             .insert(SCHEMA_KEY, version)
             .map_err(fail)?;
         tx.commit().map_err(fail)
+    }
+
+    /// 1 -> 2: the fleet-wide active and final orders become per-node indexes, runs not yet
+    /// taken get a waiting index, leases move out of the node records, the emptied programs
+    /// table goes.
+    fn upgrade(&self, from: u64, to: u64) -> StoreResult<()> {
+        if (from, to) != (1, 2) {
+            return Err(StoreError::Db(format!(
+                "no upgrade from schema {from} to {to}"
+            )));
+        }
+        let mut tx = RedbWrite {
+            tx: self.db.begin_write().map_err(fail)?,
+        };
+        let mut active = Vec::new();
+        for entry in tx
+            .tx
+            .open_table(v1::ACTIVE)
+            .map_err(fail)?
+            .iter()
+            .map_err(fail)?
+        {
+            let (run, node) = entry.map_err(fail)?;
+            active.push((run.value().to_string(), node.value().to_string()));
+        }
+        let mut ended = Vec::new();
+        for entry in tx
+            .tx
+            .open_table(v1::FINAL)
+            .map_err(fail)?
+            .iter()
+            .map_err(fail)?
+        {
+            ended.push(entry.map_err(fail)?.1.value().to_string());
+        }
+        for (run_id, node_id) in &active {
+            tx.put_active(run_id, node_id)?;
+            if tx.run(run_id)?.is_some_and(|r| !r.accepted) {
+                tx.put_waiting(run_id, node_id)?;
+            }
+        }
+        for run_id in &ended {
+            if let Some(run) = tx.run(run_id)? {
+                tx.push_final(run_id, &run.node_id)?;
+            }
+        }
+        for (id, node) in all_json::<NodeRecord>(&tx.tx.open_table(NODES).map_err(fail)?)? {
+            let lease = (node.last_heartbeat_ms, node.lease_until_ms);
+            tx.tx
+                .open_table(LEASES)
+                .map_err(fail)?
+                .insert(id.as_str(), lease)
+                .map_err(fail)?;
+        }
+        tx.tx.delete_table(v1::ACTIVE).map_err(fail)?;
+        tx.tx.delete_table(v1::FINAL).map_err(fail)?;
+        tx.tx.delete_table(v1::PROGRAMS).map_err(fail)?;
+        tx.tx
+            .open_table(META)
+            .map_err(fail)?
+            .insert(SCHEMA_KEY, to)
+            .map_err(fail)?;
+        tx.tx.commit().map_err(fail)
     }
 
     fn read(&self, f: &mut dyn FnMut(&dyn ReadTx) -> StoreResult<()>) -> StoreResult<()> {
@@ -167,12 +247,18 @@ macro_rules! reads {
             }
 
             fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
-                get_json(&self.tx.open_table(NODES).map_err(fail)?, id)
+                let leases = self.tx.open_table(LEASES).map_err(fail)?;
+                let node = get_json(&self.tx.open_table(NODES).map_err(fail)?, id)?;
+                node.map(|node| with_lease(&leases, node)).transpose()
             }
 
             fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+                let leases = self.tx.open_table(LEASES).map_err(fail)?;
                 let nodes = all_json(&self.tx.open_table(NODES).map_err(fail)?)?;
-                Ok(nodes.into_iter().map(|(_, node)| node).collect())
+                nodes
+                    .into_iter()
+                    .map(|(_, node)| with_lease(&leases, node))
+                    .collect()
             }
 
             fn program_refs(&self, digest: &str) -> StoreResult<u64> {
@@ -190,18 +276,38 @@ macro_rules! reads {
 
             fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>> {
                 let active = self.tx.open_table(ACTIVE).map_err(fail)?;
-                let mut out = Vec::new();
-                for entry in active.iter().map_err(fail)? {
-                    let (run, node) = entry.map_err(fail)?;
-                    if node_id.is_none_or(|wanted| wanted == node.value()) {
-                        out.push(run.value().to_string());
+                match node_id {
+                    Some(node) => runs_under(&active, node),
+                    None => {
+                        let mut out = Vec::new();
+                        for entry in active.iter().map_err(fail)? {
+                            out.push(entry.map_err(fail)?.0.value().1.to_string());
+                        }
+                        Ok(out)
+                    }
+                }
+            }
+
+            fn waiting(&self, node_id: &str) -> StoreResult<Vec<String>> {
+                runs_under(&self.tx.open_table(WAITING).map_err(fail)?, node_id)
+            }
+
+            fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
+                let waiting = self.tx.open_table(WAITING).map_err(fail)?;
+                let mut out: Vec<String> = Vec::new();
+                for entry in waiting.iter().map_err(fail)? {
+                    let (key, _) = entry.map_err(fail)?;
+                    let node = key.value().0;
+                    if out.last().is_none_or(|last| last != node) {
+                        out.push(node.to_string());
                     }
                 }
                 Ok(out)
             }
 
-            fn final_count(&self) -> StoreResult<u64> {
-                self.tx.open_table(FINAL).map_err(fail)?.len().map_err(fail)
+            fn final_count(&self, node_id: &str) -> StoreResult<u64> {
+                let counts = self.tx.open_table(FINAL_COUNTS).map_err(fail)?;
+                Ok(counts.get(node_id).map_err(fail)?.map_or(0, |v| v.value()))
             }
         }
     };
@@ -209,6 +315,34 @@ macro_rules! reads {
 
 reads!(RedbRead);
 reads!(RedbWrite);
+
+/// The node's record with its heartbeat and lease as LEASES has them.
+fn with_lease(
+    leases: &impl ReadableTable<&'static str, (Option<u64>, u64)>,
+    mut node: NodeRecord,
+) -> StoreResult<NodeRecord> {
+    if let Some(lease) = leases.get(node.id.as_str()).map_err(fail)? {
+        (node.last_heartbeat_ms, node.lease_until_ms) = lease.value();
+    }
+    Ok(node)
+}
+
+/// The run ids under one node in an index keyed by (node id, run id), read by that key.
+fn runs_under(
+    index: &impl ReadableTable<(&'static str, &'static str), ()>,
+    node_id: &str,
+) -> StoreResult<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in index.range((node_id, "")..).map_err(fail)? {
+        let (key, _) = entry.map_err(fail)?;
+        let (node, run) = key.value();
+        if node != node_id {
+            break;
+        }
+        out.push(run.to_string());
+    }
+    Ok(out)
+}
 
 impl WriteTx for RedbWrite {
     fn put_token(&mut self, hash: &str, token: &TokenRecord) -> StoreResult<()> {
@@ -228,8 +362,25 @@ impl WriteTx for RedbWrite {
         let mut nodes = self.tx.open_table(NODES).map_err(fail)?;
         nodes
             .insert(node.id.as_str(), encode(node).as_slice())
+            .map_err(fail)?;
+        let mut leases = self.tx.open_table(LEASES).map_err(fail)?;
+        let lease = (node.last_heartbeat_ms, node.lease_until_ms);
+        leases
+            .insert(node.id.as_str(), lease)
             .map_err(fail)
             .map(drop)
+    }
+
+    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()> {
+        let nodes = self.tx.open_table(NODES).map_err(fail)?;
+        let mut leases = self.tx.open_table(LEASES).map_err(fail)?;
+        for beat in beats {
+            if nodes.get(beat.node_id.as_str()).map_err(fail)?.is_some() {
+                let lease = (Some(beat.at_ms), beat.lease_until_ms);
+                leases.insert(beat.node_id.as_str(), lease).map_err(fail)?;
+            }
+        }
+        Ok(())
     }
 
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()> {
@@ -238,8 +389,6 @@ impl WriteTx for RedbWrite {
     }
 
     fn remove_program(&mut self, digest: &str) -> StoreResult<()> {
-        let mut programs = self.tx.open_table(PROGRAMS).map_err(fail)?;
-        programs.remove(digest).map_err(fail)?;
         let mut refs = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
         refs.remove(digest).map_err(fail).map(drop)
     }
@@ -270,15 +419,28 @@ impl WriteTx for RedbWrite {
 
     fn put_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
         let mut active = self.tx.open_table(ACTIVE).map_err(fail)?;
-        active.insert(run_id, node_id).map_err(fail).map(drop)
+        active.insert((node_id, run_id), ()).map_err(fail).map(drop)
     }
 
-    fn remove_active(&mut self, run_id: &str) -> StoreResult<()> {
+    fn remove_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
         let mut active = self.tx.open_table(ACTIVE).map_err(fail)?;
-        active.remove(run_id).map_err(fail).map(drop)
+        active.remove((node_id, run_id)).map_err(fail).map(drop)
     }
 
-    fn push_final(&mut self, run_id: &str) -> StoreResult<()> {
+    fn put_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+        let mut waiting = self.tx.open_table(WAITING).map_err(fail)?;
+        waiting
+            .insert((node_id, run_id), ())
+            .map_err(fail)
+            .map(drop)
+    }
+
+    fn remove_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+        let mut waiting = self.tx.open_table(WAITING).map_err(fail)?;
+        waiting.remove((node_id, run_id)).map_err(fail).map(drop)
+    }
+
+    fn push_final(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
         let mut meta = self.tx.open_table(META).map_err(fail)?;
         let seq = meta
             .get(FINAL_SEQ_KEY)
@@ -287,13 +449,38 @@ impl WriteTx for RedbWrite {
             + 1;
         meta.insert(FINAL_SEQ_KEY, seq).map_err(fail)?;
         let mut order = self.tx.open_table(FINAL).map_err(fail)?;
-        order.insert(seq, run_id).map_err(fail).map(drop)
+        order.insert((node_id, seq), run_id).map_err(fail)?;
+        drop((meta, order));
+        self.add_final_count(node_id, 1)
     }
 
-    fn pop_final(&mut self) -> StoreResult<Option<String>> {
+    fn pop_final(&mut self, node_id: &str) -> StoreResult<Option<String>> {
         let mut order = self.tx.open_table(FINAL).map_err(fail)?;
-        let oldest = order.pop_first().map_err(fail)?;
-        Ok(oldest.map(|(_, id)| id.value().to_string()))
+        let oldest = order
+            .range((node_id, 0)..=(node_id, u64::MAX))
+            .map_err(fail)?
+            .next()
+            .transpose()
+            .map_err(fail)?
+            .map(|(key, run)| (key.value().1, run.value().to_string()));
+        let Some((seq, run_id)) = oldest else {
+            return Ok(None);
+        };
+        order.remove((node_id, seq)).map_err(fail)?;
+        drop(order);
+        self.add_final_count(node_id, -1)?;
+        Ok(Some(run_id))
+    }
+}
+
+impl RedbWrite {
+    fn add_final_count(&mut self, node_id: &str, by: i64) -> StoreResult<()> {
+        let mut counts = self.tx.open_table(FINAL_COUNTS).map_err(fail)?;
+        let count = counts.get(node_id).map_err(fail)?.map_or(0, |v| v.value());
+        match count.saturating_add_signed(by) {
+            0 => counts.remove(node_id).map_err(fail).map(drop),
+            count => counts.insert(node_id, count).map_err(fail).map(drop),
+        }
     }
 }
 
@@ -346,7 +533,76 @@ mod tests {
         create_set_checks_its_runs_and_programs,
         retention_prunes_oldest_run_set_and_program,
         schema_version_mismatch_refused,
+        retention_is_per_node,
+        waiting_index_follows_the_runs,
+        changes_applied_together_each_answered,
     );
+
+    /// A store written by schema 1 (one fleet-wide active and final order, leases in the node
+    /// records, the programs table) opens upgraded, with every record where schema 2 keeps it.
+    #[test]
+    fn schema_1_store_upgraded_at_open() {
+        use fleet_proto::run::RunState;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("coordinator.redb");
+        let node: NodeRecord = serde_json::from_value(serde_json::json!({
+            "id": "n-a", "public_key": "ed25519:a", "name": null, "facts": null,
+            "joined_at_ms": 1, "last_heartbeat_ms": 7, "lease_until_ms": 9, "generation": 3
+        }))
+        .unwrap();
+        let waiting = conformance::run("r-wait", "s", "n-a", b"p", 1);
+        let mut taken = conformance::run("r-taken", "s", "n-a", b"p", 2);
+        taken.accepted = true;
+        let mut ended = conformance::run("r-ended", "s", "n-a", b"p", 3);
+        ended.state = RunState::Finished;
+        {
+            let db = Database::create(&path).unwrap();
+            let tx = db.begin_write().unwrap();
+            let mut meta = tx.open_table(META).unwrap();
+            meta.insert(SCHEMA_KEY, 1).unwrap();
+            meta.insert(FINAL_SEQ_KEY, 1).unwrap();
+            let mut nodes = tx.open_table(NODES).unwrap();
+            nodes.insert("n-a", encode(&node).as_slice()).unwrap();
+            let mut runs = tx.open_table(RUNS).unwrap();
+            for run in [&waiting, &taken, &ended] {
+                runs.insert(run.id.as_str(), encode(run).as_slice())
+                    .unwrap();
+            }
+            let mut active = tx.open_table(v1::ACTIVE).unwrap();
+            active.insert("r-wait", "n-a").unwrap();
+            active.insert("r-taken", "n-a").unwrap();
+            let mut ended_order = tx.open_table(v1::FINAL).unwrap();
+            ended_order.insert(1, "r-ended").unwrap();
+            tx.open_table(v1::PROGRAMS).unwrap();
+            drop((meta, nodes, runs, active, ended_order));
+            tx.commit().unwrap();
+        }
+        let store = Store::open(Box::new(RedbBackend::open(&path).unwrap()), 10).unwrap();
+        let waiting_ids: Vec<String> = (store.waiting_runs("n-a").unwrap())
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(waiting_ids, ["r-wait"]);
+        let mut active: Vec<String> = (store.active_runs().unwrap())
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        active.sort();
+        assert_eq!(active, ["r-taken", "r-wait"]);
+        assert_eq!(store.read(|tx| tx.final_count("n-a")).unwrap(), 1);
+        let upgraded = store.node("n-a").unwrap().unwrap();
+        assert_eq!(
+            (
+                upgraded.last_heartbeat_ms,
+                upgraded.lease_until_ms,
+                upgraded.generation
+            ),
+            (Some(7), 9, 3)
+        );
+        drop(store);
+        let reopened = RedbBackend::open(&path).unwrap();
+        assert_eq!(reopened.layout().unwrap(), Layout::Version(SCHEMA_VERSION));
+    }
 
     #[test]
     fn reopened_store_keeps_its_records() {

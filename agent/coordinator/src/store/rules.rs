@@ -1,7 +1,7 @@
 //! The intents the coordinator stores, and the rules they follow, written once over any
 //! [`Backend`].
 use super::{
-    Backend, BootstrapFailure, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx, Redeemed,
+    Backend, Beat, BootstrapFailure, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx, Redeemed,
     RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
 };
 use fleet_proto::facts::Facts;
@@ -10,13 +10,18 @@ use fleet_proto::run::RunState;
 use std::collections::BTreeMap;
 
 impl Store {
-    /// Opens the store over `backend`: a blank one is created at [`SCHEMA_VERSION`]; one of
-    /// another version, or one that records none, is refused with [`StoreError::Schema`] and left
-    /// as it is. The newest `keep_final_runs` final runs are kept (at least one).
+    /// Opens the store over `backend`: a blank one is created at [`SCHEMA_VERSION`], an older
+    /// one upgraded to it; a newer one, or one that records no version, is refused with
+    /// [`StoreError::Schema`] and left as it is. The newest `keep_final_runs` final runs of each
+    /// node are kept (at least one).
     pub fn open(backend: Box<dyn Backend>, keep_final_runs: u64) -> StoreResult<Store> {
         let found = match backend.layout()? {
             Layout::Blank => {
                 backend.create(SCHEMA_VERSION)?;
+                backend.layout()?
+            }
+            Layout::Version(older) if (1..SCHEMA_VERSION).contains(&older) => {
+                backend.upgrade(older, SCHEMA_VERSION)?;
                 backend.layout()?
             }
             found => found,
@@ -43,7 +48,7 @@ impl Store {
         })
     }
 
-    /// How many final runs the retention keeps.
+    /// How many final runs of each node the retention keeps.
     pub fn keep_final_runs(&self) -> u64 {
         self.keep_final_runs
     }
@@ -178,11 +183,13 @@ impl Store {
 
     /// Starts a session: a new, higher generation, and a fresh lease.
     pub fn open_session(&self, id: &str, lease_until_ms: u64) -> StoreResult<u64> {
-        self.update_node(id, &mut |node| {
-            node.generation += 1;
-            node.lease_until_ms = lease_until_ms;
-        })
-        .map(|node| node.generation)
+        match self.apply_one(&Change::OpenSession {
+            node_id: id.to_string(),
+            lease_until_ms,
+        })? {
+            Applied::Generation(generation) => Ok(generation),
+            other => Err(mismatch("a session", &other)),
+        }
     }
 
     /// Records a heartbeat (and new facts, when given) and extends the lease.
@@ -193,27 +200,39 @@ impl Store {
         lease_until_ms: u64,
         facts: Option<Facts>,
     ) -> StoreResult<()> {
-        self.update_node(id, &mut |node| {
-            node.last_heartbeat_ms = Some(now_ms);
-            node.lease_until_ms = lease_until_ms;
-            if let Some(facts) = &facts {
-                node.facts = Some(facts.clone());
-            }
-        })
-        .map(drop)
+        let beat = Beat {
+            node_id: id.to_string(),
+            at_ms: now_ms,
+            lease_until_ms,
+        };
+        let change = match facts {
+            Some(facts) => Change::Facts { beat, facts },
+            None => Change::Beats(vec![beat]),
+        };
+        self.apply_one(&change).map(drop)
     }
 
-    fn update_node(
-        &self,
-        id: &str,
-        change: &mut dyn FnMut(&mut NodeRecord),
-    ) -> StoreResult<NodeRecord> {
-        self.write(|tx| {
-            let mut node = known_node(tx, id)?;
-            change(&mut node);
-            tx.put_node(&node)?;
-            Ok(node)
-        })
+    /// Applies many changes in one transaction (one commit for all of them), and answers each.
+    /// When one of them fails, the transaction is given up and each is applied in a transaction
+    /// of its own, so one change's failure is its own.
+    pub fn apply(&self, changes: &[Change]) -> Vec<StoreResult<Applied>> {
+        let keep = self.keep_final_runs;
+        let together = self.write(|tx| {
+            changes
+                .iter()
+                .map(|change| apply_change(tx, keep, change))
+                .collect::<StoreResult<Vec<Applied>>>()
+        });
+        match together {
+            Ok(applied) => applied.into_iter().map(Ok).collect(),
+            Err(_) if changes.len() > 1 => changes.iter().map(|c| self.apply_one(c)).collect(),
+            Err(e) => vec![Err(e)],
+        }
+    }
+
+    fn apply_one(&self, change: &Change) -> StoreResult<Applied> {
+        let keep = self.keep_final_runs;
+        self.write(|tx| apply_change(tx, keep, change))
     }
 
     /// Of `digests`, those no stored run refers to: blobs that may be removed.
@@ -265,6 +284,7 @@ impl Store {
                 }
                 tx.put_run(run)?;
                 tx.put_active(&run.id, &run.node_id)?;
+                tx.put_waiting(&run.id, &run.node_id)?;
             }
             tx.put_set(set_id, &ids)
         })
@@ -294,11 +314,12 @@ impl Store {
     }
 
     /// The runs waiting for `node_id` that it has not accepted yet, oldest first (by id among
-    /// runs created together).
+    /// runs created together); read by the node's waiting index, so the cost follows this
+    /// node's work, not the fleet's.
     pub fn waiting_runs(&self, node_id: &str) -> StoreResult<Vec<RunRow>> {
         self.read(|tx| {
-            let mut runs = runs_of(tx, &tx.active(Some(node_id))?)?;
-            runs.retain(|r| r.node_id == node_id && !r.accepted && !r.state.is_final());
+            let mut runs = runs_of(tx, &tx.waiting(node_id)?)?;
+            runs.retain(|r| r.node_id == node_id && is_waiting(r));
             runs.sort_by(|a, b| {
                 a.created_ms
                     .cmp(&b.created_ms)
@@ -311,51 +332,26 @@ impl Store {
     /// Records the node's answers to starts, in one transaction: each run is the node's now;
     /// an error answer fails a run not yet final.
     pub fn accept_runs(&self, answers: &[(String, Option<String>)]) -> StoreResult<()> {
-        let keep = self.keep_final_runs;
-        self.write(|tx| {
-            for (id, error) in answers {
-                change_run(tx, keep, id, &mut |r| {
-                    let mut changed = !r.accepted;
-                    r.accepted = true;
-                    if let Some(error) = error
-                        && r.state.may_become(RunState::Failed)
-                    {
-                        r.state = RunState::Failed;
-                        r.error = Some(error.clone());
-                        changed = true;
-                    }
-                    changed
-                })?;
-            }
-            Ok(())
-        })
+        self.apply_one(&Change::Accept(answers.to_vec())).map(drop)
     }
 
     /// Stores a node's events once each (dedupe by id) and applies them to their runs, only
     /// forward; returns the highest id stored from that node, which the node may forget up to.
     pub fn apply_events(&self, node_id: &str, events: &[NodeEvent]) -> StoreResult<u64> {
-        let keep = self.keep_final_runs;
-        self.write(|tx| {
-            let mut node = known_node(tx, node_id)?;
-            for event in events {
-                if event.id() <= node.last_event_id {
-                    continue;
-                }
-                node.last_event_id = event.id();
-                let Some(mut row) = tx.run(event.run_id())?.filter(|r| r.node_id == node_id) else {
-                    continue;
-                };
-                let was_final = row.state.is_final();
-                record_event(&mut row, event);
-                row.updated_ms = now_ms();
-                tx.put_run(&row)?;
-                if !was_final && row.state.is_final() {
-                    retire(tx, keep, &row.id)?;
-                }
-            }
-            tx.put_node(&node)?;
-            Ok(node.last_event_id)
-        })
+        let change = Change::Events {
+            node_id: node_id.to_string(),
+            events: events.to_vec(),
+        };
+        match self.apply_one(&change)? {
+            Applied::EventsUpTo(up_to) => Ok(up_to),
+            other => Err(mismatch("events", &other)),
+        }
+    }
+
+    /// The nodes that have runs waiting for them (for a coordinator's periodic look, which
+    /// wakes those of its sessions).
+    pub fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
+        self.read(|tx| tx.waiting_nodes())
     }
 
     /// Ends a run not yet final as `failed` or `lost` with its reason (the sweep's verdict);
@@ -378,6 +374,133 @@ impl Store {
             })
         })
     }
+}
+
+/// One change a session asks for; many are applied in one transaction by [`Store::apply`].
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// A new session: the next generation, and a fresh lease.
+    OpenSession {
+        node_id: String,
+        lease_until_ms: u64,
+    },
+    /// Heartbeats: only the lease and the time heard are written.
+    Beats(Vec<Beat>),
+    /// New facts, with the heartbeat they came with.
+    Facts { beat: Beat, facts: Facts },
+    /// A node's answers to starts: (run, the error when it refused).
+    Accept(Vec<(String, Option<String>)>),
+    /// A node's events, stored once each.
+    Events {
+        node_id: String,
+        events: Vec<NodeEvent>,
+    },
+}
+
+/// What a [`Change`] left: a session's generation, the highest event id stored from the node,
+/// or nothing to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Generation(u64),
+    EventsUpTo(u64),
+    Done,
+}
+
+fn mismatch(what: &str, applied: &Applied) -> StoreError {
+    StoreError::Db(format!("{what} was answered with {applied:?}"))
+}
+
+fn apply_change(tx: &mut dyn WriteTx, keep: u64, change: &Change) -> StoreResult<Applied> {
+    match change {
+        Change::OpenSession {
+            node_id,
+            lease_until_ms,
+        } => {
+            let mut node = known_node(tx, node_id)?;
+            node.generation += 1;
+            node.lease_until_ms = *lease_until_ms;
+            tx.put_node(&node)?;
+            Ok(Applied::Generation(node.generation))
+        }
+        Change::Beats(beats) => tx.touch_nodes(beats).map(|()| Applied::Done),
+        Change::Facts { beat, facts } => {
+            let mut node = known_node(tx, &beat.node_id)?;
+            node.last_heartbeat_ms = Some(beat.at_ms);
+            node.lease_until_ms = beat.lease_until_ms;
+            node.facts = Some(facts.clone());
+            tx.put_node(&node).map(|()| Applied::Done)
+        }
+        Change::Accept(answers) => {
+            for (id, error) in answers {
+                change_run(tx, keep, id, &mut |r| {
+                    let mut changed = !r.accepted;
+                    r.accepted = true;
+                    if let Some(error) = error
+                        && r.state.may_become(RunState::Failed)
+                    {
+                        r.state = RunState::Failed;
+                        r.error = Some(error.clone());
+                        changed = true;
+                    }
+                    changed
+                })?;
+            }
+            Ok(Applied::Done)
+        }
+        Change::Events { node_id, events } => {
+            let mut node = known_node(tx, node_id)?;
+            for event in events {
+                if event.id() <= node.last_event_id {
+                    continue;
+                }
+                node.last_event_id = event.id();
+                let Some(mut row) = tx.run(event.run_id())?.filter(|r| &r.node_id == node_id)
+                else {
+                    continue;
+                };
+                let before = Indexed::of(&row);
+                record_event(&mut row, event);
+                row.updated_ms = now_ms();
+                save_run(tx, keep, before, &row)?;
+            }
+            tx.put_node(&node)?;
+            Ok(Applied::EventsUpTo(node.last_event_id))
+        }
+    }
+}
+
+/// A run the node has not taken yet, in its node's waiting index.
+fn is_waiting(run: &RunRow) -> bool {
+    !run.accepted && !run.state.is_final()
+}
+
+/// Which indexes held a run before a change.
+#[derive(Clone, Copy)]
+struct Indexed {
+    waiting: bool,
+    active: bool,
+}
+
+impl Indexed {
+    fn of(run: &RunRow) -> Indexed {
+        Indexed {
+            waiting: is_waiting(run),
+            active: !run.state.is_final(),
+        }
+    }
+}
+
+/// Writes a changed run and moves it between the indexes: out of the waiting index once taken
+/// or final, and retired once final.
+fn save_run(tx: &mut dyn WriteTx, keep: u64, before: Indexed, run: &RunRow) -> StoreResult<()> {
+    tx.put_run(run)?;
+    if before.waiting && !is_waiting(run) {
+        tx.remove_waiting(&run.id, &run.node_id)?;
+    }
+    if before.active && run.state.is_final() {
+        retire(tx, keep, run)?;
+    }
+    Ok(())
 }
 
 /// A node that sends anything has joined, so a missing record means the store is damaged.
@@ -411,15 +534,12 @@ fn change_run(
     let Some(mut row) = tx.run(id)? else {
         return Ok(None);
     };
-    let was_final = row.state.is_final();
+    let before = Indexed::of(&row);
     if !change(&mut row) {
         return Ok(Some(row));
     }
     row.updated_ms = now_ms();
-    tx.put_run(&row)?;
-    if !was_final && row.state.is_final() {
-        retire(tx, keep, id)?;
-    }
+    save_run(tx, keep, before, &row)?;
     Ok(Some(row))
 }
 
@@ -446,6 +566,8 @@ fn record_event(row: &mut RunRow, event: &NodeEvent) {
         at_ms: event.at_unix_ms,
         refused: None,
     });
+    // The node reports on the run: it has it, whether or not its answer to the start came.
+    row.accepted = true;
     if !row.state.may_become(event.state) {
         return;
     }
@@ -458,13 +580,14 @@ fn record_event(row: &mut RunRow, event: &NodeEvent) {
     }
 }
 
-/// A run became final: out of the active index, into the retention order; beyond `keep`, the
-/// oldest final runs are pruned.
-fn retire(tx: &mut dyn WriteTx, keep: u64, id: &str) -> StoreResult<()> {
-    tx.remove_active(id)?;
-    tx.push_final(id)?;
-    while tx.final_count()? > keep {
-        let Some(oldest) = tx.pop_final()? else {
+/// A run became final: out of the active index, into its node's retention order; beyond `keep`,
+/// that node's oldest final runs are pruned. Per node, so a set spread over a fleet keeps every
+/// row until each of its machines has ended `keep` newer runs.
+fn retire(tx: &mut dyn WriteTx, keep: u64, run: &RunRow) -> StoreResult<()> {
+    tx.remove_active(&run.id, &run.node_id)?;
+    tx.push_final(&run.id, &run.node_id)?;
+    while tx.final_count(&run.node_id)? > keep {
+        let Some(oldest) = tx.pop_final(&run.node_id)? else {
             break;
         };
         prune(tx, &oldest)?;

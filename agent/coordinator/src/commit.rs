@@ -1,0 +1,70 @@
+//! Group commit: every session's store changes go through one writer thread, which applies all
+//! the changes waiting at that moment in one transaction ([`Store::apply`]) and answers each. A
+//! fleet of sessions then costs one commit per batch, not one per message: the disk sync (redb)
+//! or the round trip and WAL flush (PostgreSQL) is shared by everything that arrived meanwhile.
+use crate::store::{Applied, Change, Store, StoreError, StoreResult};
+use std::sync::Arc;
+use std::sync::mpsc;
+use tokio::sync::oneshot;
+
+/// At most this many changes go into one transaction.
+const MAX_BATCH: usize = 4096;
+
+type Request = (Change, oneshot::Sender<StoreResult<Applied>>);
+
+/// The handle sessions submit changes through; dropping it ends the writer thread once the
+/// changes already submitted are applied.
+pub struct Committer {
+    requests: Option<mpsc::Sender<Request>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // The writer holds the store: it must have let go when the coordinator is gone.
+        drop(self.requests.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl Committer {
+    /// Starts the writer thread over `store`.
+    pub fn start(store: Arc<Store>) -> Committer {
+        let (requests, inbox) = mpsc::channel::<Request>();
+        let writer = std::thread::Builder::new()
+            .name("store-commit".into())
+            .spawn(move || write_batches(&store, &inbox))
+            .expect("a thread for the store's commits");
+        Committer {
+            requests: Some(requests),
+            writer: Some(writer),
+        }
+    }
+
+    /// Applies `change` in the next batch and answers when that batch committed.
+    pub async fn submit(&self, change: Change) -> StoreResult<Applied> {
+        let gone = || StoreError::Db("the store's writer stopped".into());
+        let (answer, answered) = oneshot::channel();
+        let requests = self.requests.as_ref().ok_or_else(gone)?;
+        requests.send((change, answer)).map_err(|_| gone())?;
+        answered.await.map_err(|_| gone())?
+    }
+}
+
+fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>) {
+    while let Ok(first) = inbox.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match inbox.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        let (changes, answers): (Vec<Change>, Vec<_>) = batch.into_iter().unzip();
+        for (answer, applied) in answers.into_iter().zip(store.apply(&changes)) {
+            let _ = answer.send(applied);
+        }
+    }
+}
