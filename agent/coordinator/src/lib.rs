@@ -9,6 +9,7 @@ pub mod commit;
 pub mod content;
 pub mod http;
 pub mod operator;
+pub mod peer;
 pub mod runs;
 pub mod serve;
 pub mod store;
@@ -255,7 +256,13 @@ impl Coordinator {
             bootstrap_failure: None,
         };
         self.store.add_token(&token_hash(&token), &record, now)?;
+        // The fleet's other coordinators now (on a shared store), for the node to try in turn.
+        let alternates = (self.live.fleet.lock().expect("fleet").iter())
+            .filter(|other| **other != address)
+            .cloned()
+            .collect();
         Ok(JoinFile {
+            alternates,
             address,
             coordinator_key: self.public_key_text(),
             token: Secret(token),

@@ -330,7 +330,8 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         &place.store,
         STORE_PATIENCE,
     )?);
-    let config = serve::ServeConfig {
+    let mut config = serve::ServeConfig {
+        advertise: String::new(),
         bundles: args.bundles.unwrap_or_else(|| data.join("bundles")),
         heartbeat: args.heartbeat,
         lease: args.lease,
@@ -343,6 +344,7 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let local = listener.local_addr()?.to_string();
         let advertise = args.advertise.unwrap_or_else(|| local.clone());
+        config.advertise = advertise.clone();
         tracing::info!(listen = %local, key = %coordinator.public_key_text(), data = %data.display(), store = %coordinator.store.location(), "coordinator serving");
         let socket = operator::bind(data).context("cannot open the operator socket")?;
         let socket = tokio::spawn(operator::listen(socket, coordinator.clone(), Some(advertise)));

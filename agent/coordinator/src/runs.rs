@@ -126,6 +126,14 @@ fn unexpected(row: &RunRow, what: &str, reply: &Reply) -> CoordinatorError {
     ))
 }
 
+/// How long a command may take to be answered: a collect or replicate moves a whole file first.
+fn patience(command: &Command) -> Duration {
+    match command {
+        Command::Collect { .. } | Command::Replicate { .. } => COLLECT_TIMEOUT,
+        _ => CALL_TIMEOUT,
+    }
+}
+
 /// A request to a node through its live session, answered with the command's result.
 pub type NodeCall = (Command, oneshot::Sender<Answer>);
 
@@ -150,6 +158,11 @@ pub struct Live {
     pub credentials: Mutex<HashMap<String, RegistryAuth>>,
     /// Artifact tickets minted and not yet used: ticket -> what it reads; memory only.
     pub tickets: Mutex<HashMap<String, Ticket>>,
+    /// This coordinator's advertised `host:port`, once it serves.
+    pub address: std::sync::OnceLock<String>,
+    /// Every coordinator serving the same store now, this one included (refreshed each
+    /// heartbeat from the store).
+    pub fleet: Mutex<Vec<String>>,
 }
 
 /// What a ticket lets one node read once, until when.
@@ -197,6 +210,8 @@ impl Default for Live {
             serving: Default::default(),
             credentials: Default::default(),
             tickets: Default::default(),
+            address: Default::default(),
+            fleet: Default::default(),
         }
     }
 }
@@ -210,6 +225,13 @@ impl Live {
                 session.wake.notify_one();
             }
         }
+    }
+
+    /// The other coordinators serving the same store now.
+    pub fn peers(&self) -> Vec<String> {
+        let own = self.address.get();
+        let fleet = self.fleet.lock().expect("fleet");
+        fleet.iter().filter(|a| Some(*a) != own).cloned().collect()
     }
 
     /// The calls channel of the node's session, when this coordinator holds it.
@@ -369,13 +391,13 @@ impl Coordinator {
             max_bytes,
         };
         match self.call_node(&row.node_id, "collect", command).await? {
-            Reply::Collected { digest, size } if self.blobs.has(&digest) => {
-                Ok(Collected { digest, size })
-            }
-            Reply::Collected { digest, .. } => Err(CoordinatorError::Request(format!(
-                "node {} reported {path} uploaded as {digest}, but the blob store has no such blob; collect it again",
-                row.node_id
-            ))),
+            Reply::Collected { digest, size } => match self.ensure_blob(&digest).await {
+                Ok(()) => Ok(Collected { digest, size }),
+                Err(why) => Err(CoordinatorError::Request(format!(
+                    "node {} reported {path} uploaded as {digest}, but the blob store has no such blob ({why}); collect it again",
+                    row.node_id
+                ))),
+            },
             other => Err(unexpected(&row, "collect", &other)),
         }
     }
@@ -513,35 +535,59 @@ impl Coordinator {
         })
     }
 
-    /// Sends `command` to the node of `row` over its live session (`what` names the operator
-    /// command for the error when there is none) and returns the node's reply.
+    /// Sends `command` to the node over its live session, here or through the coordinator of
+    /// the fleet that holds it (`what` names the operator command for the error when there is
+    /// none), and returns the node's reply.
     async fn call_node(
         &self,
         node_id: &str,
         what: &str,
         command: Command,
     ) -> Result<Reply, CoordinatorError> {
-        let Some(link) = self.live.calls(node_id) else {
-            return Err(CoordinatorError::Request(format!(
-                "node {} has no session now: {what} needs it connected to a serving coordinator",
-                node_id
-            )));
+        let no_session = || {
+            CoordinatorError::Request(format!(
+                "node {node_id} has no session now: {what} needs it connected to a serving coordinator"
+            ))
         };
-        let command_is_collect =
-            matches!(command, Command::Collect { .. } | Command::Replicate { .. });
-        let (reply, answer) = oneshot::channel();
+        let answer = match self.live.calls(node_id) {
+            Some(_) => self.call_held(node_id, command).await?,
+            None => {
+                let node = self.store.node(node_id)?;
+                let holder = node.and_then(|n| n.session_at);
+                let holder = holder.filter(|at| Some(at) != self.live.address.get());
+                let Some(holder) = holder else {
+                    return Err(no_session());
+                };
+                let patience = patience(&command);
+                super::peer::relay(self, &holder, node_id, command, patience)
+                    .await
+                    .map_err(CoordinatorError::Request)?
+            }
+        };
+        answer.map_err(|refusal| CoordinatorError::Request(refusal.message))
+    }
+
+    /// Sends `command` to the node over the session this coordinator holds, and returns the
+    /// node's answer; for a peer's relay too.
+    pub async fn call_held(
+        &self,
+        node_id: &str,
+        command: Command,
+    ) -> Result<Answer, CoordinatorError> {
         let gone =
-            || CoordinatorError::Request(format!("node {} went away before answering", node_id));
+            || CoordinatorError::Request(format!("node {node_id} went away before answering"));
+        let link = self.live.calls(node_id).ok_or_else(|| {
+            CoordinatorError::Request(format!(
+                "node {node_id} has no session at this coordinator now; try again once it reconnects"
+            ))
+        })?;
+        let patience = patience(&command);
+        let (reply, answer) = oneshot::channel();
         link.send((command, reply)).await.map_err(|_| gone())?;
-        let patience = match command_is_collect {
-            true => COLLECT_TIMEOUT,
-            false => CALL_TIMEOUT,
-        };
-        let answer = tokio::time::timeout(patience, answer)
+        tokio::time::timeout(patience, answer)
             .await
             .map_err(|_| gone())?
-            .map_err(|_| gone())?;
-        answer.map_err(|refusal| CoordinatorError::Request(refusal.message))
+            .map_err(|_| gone())
     }
 
     /// Final-state sweep: runs nobody took within `waiting_timeout` fail; runs whose node lost

@@ -27,6 +27,8 @@ const BEAT_WRITES: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// The `host:port` machines and the fleet's other coordinators reach this one at.
+    pub advertise: String,
     pub bundles: PathBuf,
     /// How often agents send heartbeats.
     pub heartbeat: Duration,
@@ -55,6 +57,13 @@ pub async fn serve(
         .live
         .serving
         .store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = coordinator.live.address.set(config.advertise.clone());
+    let joined = coordinator.clone();
+    let lease = config.lease;
+    tokio::task::spawn_blocking(move || join_fleet(&joined, lease))
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let sweeper = tokio::spawn(sweep_forever(coordinator.clone(), config.clone()));
     let _stop_sweeper = AbortOnDrop(sweeper);
     let beats = tokio::spawn(write_beats_forever(
@@ -133,6 +142,18 @@ async fn wake_waiting_forever(coordinator: Arc<Coordinator>, period: Duration) {
     }
 }
 
+/// Says in the store that this coordinator serves it, and learns which others do (those heard
+/// within a lease).
+fn join_fleet(coordinator: &Coordinator, lease: Duration) -> Result<(), crate::CoordinatorError> {
+    let now = now_ms();
+    if let Some(address) = coordinator.live.address.get() {
+        coordinator.store.heard_coordinator(address, now)?;
+    }
+    let since = now.saturating_sub(lease.as_millis() as u64);
+    *coordinator.live.fleet.lock().expect("fleet") = coordinator.store.coordinators_since(since)?;
+    Ok(())
+}
+
 /// Every heartbeat: fail runs nobody took in time, mark runs of silent nodes `lost`.
 async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) {
     let up_since = now_ms();
@@ -142,6 +163,9 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
         let (swept_by, config) = (coordinator.clone(), config.clone());
         // The sweep is store calls only: off the async thread, like every other store call here.
         let swept = tokio::task::spawn_blocking(move || {
+            if let Err(e) = join_fleet(&swept_by, config.lease) {
+                tracing::warn!("saying this coordinator serves the store failed: {e}");
+            }
             if let Err(e) = swept_by.sweep_blobs(crate::content::BLOB_GRACE) {
                 tracing::warn!("the blob sweep failed: {e}");
             }
@@ -172,6 +196,8 @@ async fn handle_tls(
         .map_err(|_| "the handshake timed out".to_string())?
         .map_err(|e| format!("the handshake failed: {e}"))?;
     let cert = peer_cert(&stream).ok_or("no client certificate")?;
+    // Another coordinator of the fleet proves the fleet's own key.
+    let peer = cert.key == coordinator.key.public_key_raw();
     let first = tokio::time::timeout(
         FIRST_MESSAGE_TIMEOUT,
         protocol::read_msg_within::<_, Up>(&mut stream, MAX_UNIDENTIFIED_FRAME),
@@ -203,6 +229,25 @@ async fn handle_tls(
                 .map_err(|e| e.to_string())
         }
         Up::Hello { node_id } => session(coordinator, config, stream, cert, node_id).await,
+        Up::Relay { node_id, command } if peer => {
+            let answer = match coordinator.call_held(&node_id, command).await {
+                Ok(answer) => answer,
+                Err(e) => Err(protocol::Refusal::new(
+                    protocol::RefusalClass::NoSession,
+                    e.to_string(),
+                )),
+            };
+            protocol::write_msg(&mut stream, &Down::Relayed { answer })
+                .await
+                .map_err(|e| e.to_string())
+        }
+        Up::Fetch {
+            node_id, digest, ..
+        } if peer => {
+            coordinator
+                .send_content(&mut stream, &node_id, &digest, 0)
+                .await
+        }
         Up::Fetch {
             node_id,
             digest,
@@ -210,6 +255,10 @@ async fn handle_tls(
             ticket,
         } => {
             known_node(coordinator, &cert, &node_id).await?;
+            // Content imported through another coordinator of the fleet is copied here first.
+            if let Err(e) = coordinator.ensure_blob(&digest).await {
+                tracing::warn!(%node_id, %digest, "content not found in the fleet: {e}");
+            }
             if let Some(ticket) = ticket
                 && let Err(message) = coordinator.spend_ticket(&ticket, &node_id, &digest)
             {
@@ -288,6 +337,7 @@ async fn session(
         .submit(Change::OpenSession {
             node_id: node_id.clone(),
             lease_until_ms: now_ms() + lease_ms,
+            at: coordinator.live.address.get().cloned(),
         })
         .await
         .map_err(|e| e.to_string())?;
@@ -298,6 +348,7 @@ async fn session(
         generation,
         heartbeat_ms: config.heartbeat.as_millis() as u64,
         lease_ms,
+        coordinators: coordinator.live.fleet.lock().expect("fleet").clone(),
     };
     protocol::write_msg(&mut stream, &welcome)
         .await

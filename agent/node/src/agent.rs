@@ -1,6 +1,6 @@
 //! The agent's life: prepare the state folder, load or make the node key, join once (or resume
 //! the membership), forget the join secrets, then keep a session open.
-use crate::dial::DialError;
+use crate::dial::{Coordinators, DialError};
 use crate::facts::FactsSource;
 use crate::identity::{self, IdentityError, Membership};
 use crate::join::{self, JoinError};
@@ -65,6 +65,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
             let membership = Membership {
                 node_id,
                 address: file.address.clone(),
+                alternates: file.alternates.clone(),
                 coordinator_key: file.coordinator_key.clone(),
                 name: file.name.clone(),
                 joined_at_ms: now_ms(),
@@ -93,8 +94,9 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
             .await
             .expect("opening the node does not panic")?
     };
+    let coordinators = Coordinators::new(membership.addresses());
     let content = crate::content::ContentLink {
-        address: membership.address.clone(),
+        address: coordinators.clone(),
         node_id: membership.node_id.clone(),
         identity: identity.clone(),
         pinned: fleet_proto::pin::parse_key_text(&membership.coordinator_key).unwrap_or_default(),
@@ -106,9 +108,19 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         config.artifact_root.as_deref(),
         config.facts.link.clone(),
     ));
+    // Coordinators a session named are kept, so a restarted agent knows the whole fleet too.
+    let remember = |known: Vec<String>| {
+        let mut updated = membership.clone();
+        updated.alternates = known.into_iter().filter(|a| *a != updated.address).collect();
+        if let Err(e) = identity::save_membership(&config.state, &updated) {
+            tracing::warn!("cannot record the fleet's coordinators: {e}");
+        }
+    };
     Ok(session::run(
         &identity,
         &membership,
+        &coordinators,
+        &remember,
         &config.facts,
         &node,
         &config.session,

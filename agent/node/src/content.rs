@@ -21,7 +21,8 @@ const FIRST_ANSWER: Duration = Duration::from_secs(30);
 
 /// Where and as whom this node moves content, and its local store of it.
 pub struct ContentLink {
-    pub address: String,
+    /// The coordinator the session talks to now.
+    pub address: crate::dial::Coordinators,
     pub node_id: String,
     pub identity: Arc<Identity>,
     pub pinned: Vec<u8>,
@@ -126,7 +127,8 @@ impl ContentLink {
             size: 0,
             cause,
         };
-        let dialed = dial::dial(&self.address, &self.identity, &self.pinned, self.validity)
+        let address = self.address.current();
+        let dialed = dial::dial(&address, &self.identity, &self.pinned, self.validity)
             .await
             .map_err(|e| match e.is_fatal() {
                 true => ContentError::Failed {

@@ -10,6 +10,61 @@ use tokio_rustls::client::TlsStream;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The fleet's coordinators as this node knows them, and the one it talks to now; shared by the
+/// session (which moves on when its coordinator does not answer) and the content path (which
+/// follows the session).
+#[derive(Clone, Debug)]
+pub struct Coordinators(Arc<Mutex<Known>>);
+
+#[derive(Debug)]
+struct Known {
+    addresses: Vec<String>,
+    current: usize,
+}
+
+impl Coordinators {
+    /// `addresses` in order, the first one current; never empty.
+    pub fn new(addresses: Vec<String>) -> Coordinators {
+        assert!(!addresses.is_empty(), "a node knows at least one coordinator");
+        Coordinators(Arc::new(Mutex::new(Known {
+            addresses,
+            current: 0,
+        })))
+    }
+
+    pub fn current(&self) -> String {
+        let known = self.0.lock().expect("coordinators");
+        known.addresses[known.current].clone()
+    }
+
+    /// Moves on to the next coordinator (the current one did not answer).
+    pub fn advance(&self) {
+        let mut known = self.0.lock().expect("coordinators");
+        known.current = (known.current + 1) % known.addresses.len();
+    }
+
+    /// Every coordinator known, the current one first.
+    pub fn all(&self) -> Vec<String> {
+        let known = self.0.lock().expect("coordinators");
+        let n = known.addresses.len();
+        (0..n)
+            .map(|i| known.addresses[(known.current + i) % n].clone())
+            .collect()
+    }
+
+    /// Adds the coordinators a session named that were not known yet; true when any was new.
+    pub fn learn(&self, named: &[String]) -> bool {
+        let mut known = self.0.lock().expect("coordinators");
+        let before = known.addresses.len();
+        for address in named {
+            if !known.addresses.contains(address) {
+                known.addresses.push(address.clone());
+            }
+        }
+        known.addresses.len() > before
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
     #[error(

@@ -47,11 +47,23 @@ pub struct Membership {
     pub node_id: String,
     /// The coordinator's `host:port`.
     pub address: String,
+    /// The fleet's other coordinators, as the join file and the newest session named them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternates: Vec<String>,
     /// The coordinator's pinned key, `ed25519:<base64>`.
     pub coordinator_key: String,
     #[serde(default)]
     pub name: Option<String>,
     pub joined_at_ms: u64,
+}
+
+impl Membership {
+    /// Every coordinator known, the one joined through first.
+    pub fn addresses(&self) -> Vec<String> {
+        let mut all = vec![self.address.clone()];
+        all.extend(self.alternates.iter().filter(|a| **a != self.address).cloned());
+        all
+    }
 }
 
 /// Creates the state folder and proves it can be written, before anything else happens.

@@ -37,13 +37,16 @@ pub async fn join(
     // tries, by the token's lifetime on its own monotonic clock.
     let ttl = file.ttl_ms.map(Duration::from_millis);
     let tried_since = tokio::time::Instant::now();
+    let addresses = file.addresses();
     for attempt in 1u64.. {
+        // Each attempt goes to the next coordinator the file names: any of them answers a join.
+        let address = &addresses[(attempt as usize - 1) % addresses.len()];
         if let Some(ttl) = ttl
             && tried_since.elapsed() >= ttl
         {
             return Err(JoinError::Expired(ttl));
         }
-        let failure = match attempt_once(identity, file, &pinned).await {
+        let failure = match attempt_once(identity, file, address, &pinned).await {
             Ok(node_id) => return Ok(node_id),
             Err(Failure::Dial(e)) if e.is_fatal() => return Err(e.into()),
             Err(failure) => failure,
@@ -51,7 +54,7 @@ pub async fn join(
         let delay = backoff.next_delay();
         tracing::warn!(
             attempt,
-            address = %file.address,
+            %address,
             retry_in_ms = delay.as_millis() as u64,
             "join attempt failed: {failure}; retrying"
         );
@@ -89,9 +92,10 @@ enum Failure {
 async fn attempt_once(
     identity: &Identity,
     file: &JoinFile,
+    address: &str,
     pinned: &[u8],
 ) -> Result<String, Failure> {
-    let mut dialed = dial::dial(&file.address, identity, pinned, JOIN_CERT_VALIDITY)
+    let mut dialed = dial::dial(address, identity, pinned, JOIN_CERT_VALIDITY)
         .await
         .map_err(Failure::Dial)?;
     let request = Up::Join {

@@ -3,7 +3,7 @@
 //! sent as they happen, a fresh credential before the current one lapses, and reconnection with
 //! capped backoff and jitter, logged every time.
 use crate::backoff::Backoff;
-use crate::dial::{self, DialError};
+use crate::dial::{self, Coordinators, DialError};
 use crate::facts::FactsSource;
 use crate::identity::{Identity, Membership};
 use crate::node::Node;
@@ -106,6 +106,8 @@ enum Ended {
 pub async fn run(
     identity: &Identity,
     membership: &Membership,
+    coordinators: &Coordinators,
+    remember: &(dyn Fn(Vec<String>) + Sync),
     facts: &FactsSource,
     node: &Arc<Node>,
     settings: &SessionSettings,
@@ -116,6 +118,8 @@ pub async fn run(
         let session = Session {
             identity,
             membership,
+            coordinators,
+            remember,
             pinned: &pinned,
             facts,
             node,
@@ -125,9 +129,13 @@ pub async fn run(
             Ended::Renew => tracing::info!("session credential renewed"),
             Ended::Dial(e) if e.is_fatal() => return Err(e),
             ended => {
+                let address = coordinators.current();
+                // The fleet's coordinators are equivalent: the next try goes to the next one.
+                coordinators.advance();
                 let delay = backoff.next_delay();
                 tracing::warn!(
-                    address = %membership.address,
+                    %address,
+                    next = %coordinators.current(),
                     retry_in_ms = delay.as_millis() as u64,
                     "session lost: {ended}; reconnecting"
                 );
@@ -140,6 +148,8 @@ pub async fn run(
 struct Session<'a> {
     identity: &'a Identity,
     membership: &'a Membership,
+    coordinators: &'a Coordinators,
+    remember: &'a (dyn Fn(Vec<String>) + Sync),
     pinned: &'a [u8],
     facts: &'a FactsSource,
     node: &'a Arc<Node>,
@@ -150,7 +160,7 @@ impl Session<'_> {
     async fn run(&self, backoff: &mut Backoff) -> Ended {
         let started = tokio::time::Instant::now();
         let mut dialed = match dial::dial(
-            &self.membership.address,
+            &self.coordinators.current(),
             self.identity,
             self.pinned,
             self.settings.validity,
@@ -180,11 +190,15 @@ impl Session<'_> {
         let Down::Welcome {
             generation,
             heartbeat_ms,
+            coordinators,
             ..
         } = welcome
         else {
             return Ended::Refused;
         };
+        if self.coordinators.learn(&coordinators) {
+            (self.remember)(self.coordinators.all());
+        }
         let node = self.node.clone();
         if let Err(e) = blocking(move || node.store.check_generation(generation)).await {
             return Ended::Store(e);

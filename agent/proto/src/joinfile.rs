@@ -25,6 +25,10 @@ impl fmt::Debug for Secret {
 pub struct JoinFile {
     /// The coordinator's `host:port`.
     pub address: String,
+    /// The fleet's other coordinators (`host:port`), tried in turn when `address` does not
+    /// answer; they share the pinned key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternates: Vec<String>,
     /// The coordinator's public key, `ed25519:<base64>`.
     pub coordinator_key: String,
     pub token: Secret,
@@ -78,6 +82,17 @@ pub fn token_is_well_formed(token: &str) -> bool {
 }
 
 impl JoinFile {
+    /// Every coordinator the file names, `address` first, each once.
+    pub fn addresses(&self) -> Vec<String> {
+        let mut all = vec![self.address.clone()];
+        for other in &self.alternates {
+            if !all.contains(other) {
+                all.push(other.clone());
+            }
+        }
+        all
+    }
+
     /// Reads and checks a join file, naming the first thing wrong with it.
     pub fn read(path: &Path) -> Result<JoinFile, JoinFileError> {
         let bytes = std::fs::read(path).map_err(|cause| match cause.kind() {

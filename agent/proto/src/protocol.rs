@@ -44,6 +44,12 @@ pub enum Up {
         digest: Digest,
         size: u64,
     },
+    /// From another coordinator of the same fleet (it proves the fleet's key): pass `command` to
+    /// the node whose session this coordinator holds, and answer [`Down::Relayed`].
+    Relay {
+        node_id: String,
+        command: Command,
+    },
     Facts {
         facts: Facts,
     },
@@ -74,6 +80,10 @@ pub enum Down {
         generation: u64,
         heartbeat_ms: u64,
         lease_ms: u64,
+        /// Every coordinator of the fleet now (`host:port`), for the node to reconnect to another
+        /// when this one goes away; empty from a coordinator that does not say.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        coordinators: Vec<String>,
     },
     /// Work for the node, with an operation id the node records before answering, and the
     /// session's generation for fencing.
@@ -98,6 +108,10 @@ pub enum Down {
     /// A content connection refused, in one line.
     ContentRefused {
         message: String,
+    },
+    /// To another coordinator: the node's answer to a relayed command.
+    Relayed {
+        answer: Answer,
     },
 }
 
@@ -246,6 +260,8 @@ pub enum RefusalClass {
     Unsupported,
     /// The node's own store failed.
     Store,
+    /// Relayed between coordinators: the one asked holds no session of the node (any more).
+    NoSession,
     /// The run could not start, or anything else; the message says why.
     #[serde(other)]
     Other,

@@ -931,6 +931,7 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
         Change::OpenSession {
             node_id: NODE_A.into(),
             lease_until_ms: 5_000,
+            at: Some("coordinator-2:18426".into()),
         },
         Change::Accept(vec![("r1".into(), None), ("r2".into(), None)]),
         Change::Events {
@@ -961,6 +962,12 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
     assert_eq!(answers[5].as_ref().ok(), Some(&Applied::EventsUpTo(4)));
     assert_eq!(state_of(&store, "r1"), RunState::Finished);
     assert_eq!(state_of(&store, "r2"), RunState::Running);
+    let a = store.node(NODE_A).unwrap().unwrap();
+    assert_eq!(
+        a.session_at.as_deref(),
+        Some("coordinator-2:18426"),
+        "the coordinator holding the session"
+    );
     let b = store.node(NODE_B).unwrap().unwrap();
     assert_eq!(
         (b.last_heartbeat_ms, b.lease_until_ms),

@@ -88,6 +88,9 @@ pub struct NodeRecord {
     /// The highest event id stored from this node; anything at or below it is a duplicate.
     #[serde(default)]
     pub last_event_id: u64,
+    /// The coordinator (its advertised `host:port`) that opened the node's newest session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_at: Option<String>,
 }
 
 /// One run on one node, as the coordinator records it.
@@ -288,6 +291,8 @@ pub trait ReadTx {
     fn waiting_nodes(&self) -> StoreResult<Vec<String>>;
     /// How many runs the node's retention order holds.
     fn final_count(&self, node_id: &str) -> StoreResult<u64>;
+    /// Every coordinator that serves this store, by advertised address, with when it last said so.
+    fn coordinators(&self) -> StoreResult<Vec<(String, u64)>>;
 }
 
 /// Writes inside a transaction (on top of its reads, which see them).
@@ -315,6 +320,8 @@ pub trait WriteTx: ReadTx {
     fn push_final(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
     /// Takes the node's oldest run out of its retention order.
     fn pop_final(&mut self, node_id: &str) -> StoreResult<Option<String>>;
+    /// Records that the coordinator at `address` serves this store, at `seen_ms`.
+    fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()>;
 }
 
 /// Everything the coordinator remembers, over one backend; each method is one transaction. The

@@ -51,7 +51,8 @@ const MIGRATIONS: &[&str] = &[
      DELETE FROM final_runs WHERE node_id IS NULL;
      ALTER TABLE final_runs ALTER COLUMN node_id SET NOT NULL;
      CREATE INDEX final_runs_by_node ON final_runs (node_id, seq);
-     DROP TABLE programs;",
+     DROP TABLE programs;
+     CREATE TABLE coordinators (address text PRIMARY KEY, seen_ms bigint NOT NULL);",
 ];
 
 const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
@@ -616,6 +617,11 @@ impl ReadTx for PgTx<'_> {
         )?;
         Ok(row.map_or(0, |row| count(row.get(0))))
     }
+
+    fn coordinators(&self) -> StoreResult<Vec<(String, u64)>> {
+        let rows = self.query("SELECT address, seen_ms FROM coordinators", &[])?;
+        Ok(rows.iter().map(|row| (row.get(0), count(row.get(1)))).collect())
+    }
 }
 
 /// A node's record with its heartbeat and lease from their own columns.
@@ -739,6 +745,14 @@ impl WriteTx for PgTx<'_> {
         self.execute(
             "INSERT INTO final_runs (run_id, node_id) VALUES ($1, $2)",
             &[&run_id, &node_id],
+        )
+    }
+
+    fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO coordinators (address, seen_ms) VALUES ($1, $2)
+             ON CONFLICT (address) DO UPDATE SET seen_ms = EXCLUDED.seen_ms",
+            &[&address, &bigint(seen_ms)?],
         )
     }
 

@@ -28,6 +28,8 @@ const WAITING: TableDefinition<(&str, &str), ()> = TableDefinition::new("waiting
 const FINAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("final_by_node");
 /// node id -> how many runs FINAL holds for it.
 const FINAL_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("final_counts");
+/// Coordinator address -> when it last said it serves this store.
+const COORDINATORS: TableDefinition<&str, u64> = TableDefinition::new("coordinators");
 /// `schema_version`, and `final_seq` (the last sequence number given in FINAL).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -106,6 +108,7 @@ impl Backend for RedbBackend {
         tx.open_table(WAITING).map_err(fail)?;
         tx.open_table(FINAL).map_err(fail)?;
         tx.open_table(FINAL_COUNTS).map_err(fail)?;
+        tx.open_table(COORDINATORS).map_err(fail)?;
         tx.open_table(META)
             .map_err(fail)?
             .insert(SCHEMA_KEY, version)
@@ -168,6 +171,9 @@ impl Backend for RedbBackend {
         tx.tx.delete_table(v1::ACTIVE).map_err(fail)?;
         tx.tx.delete_table(v1::FINAL).map_err(fail)?;
         tx.tx.delete_table(v1::PROGRAMS).map_err(fail)?;
+        tx.tx.open_table(WAITING).map_err(fail)?;
+        tx.tx.open_table(FINAL_COUNTS).map_err(fail)?;
+        tx.tx.open_table(COORDINATORS).map_err(fail)?;
         tx.tx
             .open_table(META)
             .map_err(fail)?
@@ -308,6 +314,16 @@ macro_rules! reads {
             fn final_count(&self, node_id: &str) -> StoreResult<u64> {
                 let counts = self.tx.open_table(FINAL_COUNTS).map_err(fail)?;
                 Ok(counts.get(node_id).map_err(fail)?.map_or(0, |v| v.value()))
+            }
+
+            fn coordinators(&self) -> StoreResult<Vec<(String, u64)>> {
+                let table = self.tx.open_table(COORDINATORS).map_err(fail)?;
+                let mut out = Vec::new();
+                for entry in table.iter().map_err(fail)? {
+                    let (address, seen) = entry.map_err(fail)?;
+                    out.push((address.value().to_string(), seen.value()));
+                }
+                Ok(out)
             }
         }
     };
@@ -470,6 +486,11 @@ impl WriteTx for RedbWrite {
         drop(order);
         self.add_final_count(node_id, -1)?;
         Ok(Some(run_id))
+    }
+
+    fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()> {
+        let mut table = self.tx.open_table(COORDINATORS).map_err(fail)?;
+        table.insert(address, seen_ms).map_err(fail).map(drop)
     }
 }
 

@@ -128,6 +128,7 @@ impl Store {
                         lease_until_ms,
                         generation: 0,
                         last_event_id: 0,
+                        session_at: None,
                     };
                     tx.put_node(&node)?;
                     Ok(Some(Redeemed { node, first: true }))
@@ -186,6 +187,7 @@ impl Store {
         match self.apply_one(&Change::OpenSession {
             node_id: id.to_string(),
             lease_until_ms,
+            at: None,
         })? {
             Applied::Generation(generation) => Ok(generation),
             other => Err(mismatch("a session", &other)),
@@ -348,6 +350,22 @@ impl Store {
         }
     }
 
+    /// Records that the coordinator at `address` serves this store now.
+    pub fn heard_coordinator(&self, address: &str, now_ms: u64) -> StoreResult<()> {
+        self.write(|tx| tx.put_coordinator(address, now_ms))
+    }
+
+    /// The coordinators that said they serve this store at `since_ms` or later, by address.
+    pub fn coordinators_since(&self, since_ms: u64) -> StoreResult<Vec<String>> {
+        let mut live: Vec<String> = (self.read(|tx| tx.coordinators())?)
+            .into_iter()
+            .filter(|(_, seen)| *seen >= since_ms)
+            .map(|(address, _)| address)
+            .collect();
+        live.sort();
+        Ok(live)
+    }
+
     /// The nodes that have runs waiting for them (for a coordinator's periodic look, which
     /// wakes those of its sessions).
     pub fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
@@ -379,10 +397,11 @@ impl Store {
 /// One change a session asks for; many are applied in one transaction by [`Store::apply`].
 #[derive(Debug, Clone)]
 pub enum Change {
-    /// A new session: the next generation, and a fresh lease.
+    /// A new session: the next generation, and a fresh lease, held by the coordinator `at`.
     OpenSession {
         node_id: String,
         lease_until_ms: u64,
+        at: Option<String>,
     },
     /// Heartbeats: only the lease and the time heard are written.
     Beats(Vec<Beat>),
@@ -415,10 +434,12 @@ fn apply_change(tx: &mut dyn WriteTx, keep: u64, change: &Change) -> StoreResult
         Change::OpenSession {
             node_id,
             lease_until_ms,
+            at,
         } => {
             let mut node = known_node(tx, node_id)?;
             node.generation += 1;
             node.lease_until_ms = *lease_until_ms;
+            node.session_at = at.clone();
             tx.put_node(&node)?;
             Ok(Applied::Generation(node.generation))
         }

@@ -1,0 +1,146 @@
+//! Coordinators of one fleet, reaching each other. They share the fleet's key (each holds a copy
+//! of `coordinator.key` in its data folder; no private key is ever in the database), so one
+//! coordinator proves itself to another exactly as it proves itself to a node, over the same
+//! pinned TLS, on the same port: a connection whose client certificate carries the fleet's own
+//! key is a peer. A peer may ask for a command to be relayed to a node whose session this
+//! coordinator holds ([`Up::Relay`]), and for a blob by digest ([`Up::Fetch`]).
+use super::Coordinator;
+use fleet_proto::Digest;
+use fleet_proto::content::{self, Streamed};
+use fleet_proto::pin;
+use fleet_proto::protocol::{self, Answer, Command, Down, Up};
+use sha2::Sha256;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The node id a peer names in its fetch: the content is for this coordinator's blob store.
+pub const PEER: &str = "coordinator";
+
+/// A pinned TLS connection to the coordinator at `address`, proving the fleet's key.
+async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, String> {
+    let failed = |e: &dyn std::fmt::Display| format!("cannot reach the coordinator {address}: {e}");
+    let cert = pin::mint_cert(&coordinator.key, Duration::from_secs(3600)).map_err(|e| failed(&e))?;
+    let pinned = coordinator.key.public_key_raw().to_vec();
+    let config = pin::client_config(&coordinator.key, cert, pinned, Arc::new(Mutex::new(None)))
+        .map_err(|e| failed(&e))?;
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+        .await
+        .map_err(|_| failed(&"the connection timed out"))?
+        .map_err(|e| failed(&e))?;
+    let _ = tcp.set_nodelay(true);
+    let handshake = tokio_rustls::TlsConnector::from(config).connect(pin::server_name(), tcp);
+    tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+        .await
+        .map_err(|_| failed(&"the handshake timed out"))?
+        .map_err(|e| failed(&e))
+}
+
+/// Has the coordinator at `address` pass `command` to the node whose session it holds, and
+/// returns the node's answer.
+pub async fn relay(
+    coordinator: &Coordinator,
+    address: &str,
+    node_id: &str,
+    command: Command,
+    patience: Duration,
+) -> Result<Answer, String> {
+    let mut stream = dial(coordinator, address).await?;
+    let ask = Up::Relay {
+        node_id: node_id.to_string(),
+        command,
+    };
+    protocol::write_msg(&mut stream, &ask)
+        .await
+        .map_err(|e| e.to_string())?;
+    let answered = tokio::time::timeout(patience, protocol::read_msg::<_, Down>(&mut stream))
+        .await
+        .map_err(|_| format!("the coordinator {address} did not answer for {node_id} in time"))?;
+    match answered.map_err(|e| e.to_string())? {
+        Some(Down::Relayed { answer }) => Ok(answer),
+        other => Err(format!(
+            "the coordinator {address} answered a relay for {node_id} with {other:?}"
+        )),
+    }
+}
+
+/// Copies the blob `digest` from the coordinator at `address` into this coordinator's blob
+/// store, checked against its digest before it lands.
+pub async fn pull(coordinator: &Coordinator, address: &str, digest: &Digest) -> Result<(), String> {
+    let mut stream = dial(coordinator, address).await?;
+    let fetch = Up::Fetch {
+        node_id: PEER.into(),
+        digest: digest.clone(),
+        offset: 0,
+        ticket: None,
+    };
+    protocol::write_msg(&mut stream, &fetch)
+        .await
+        .map_err(|e| e.to_string())?;
+    let size = match protocol::read_msg::<_, Down>(&mut stream).await {
+        Ok(Some(Down::Content { size })) => size,
+        Ok(Some(Down::ContentRefused { message })) => return Err(message),
+        other => return Err(format!("{address} answered a fetch with {other:?}")),
+    };
+    let temp = coordinator.blobs.temp().map_err(|e| e.to_string())?;
+    let landed = async {
+        let mut file = tokio::fs::File::create(&temp)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut hasher = Sha256::default();
+        match content::stream_exact(&mut stream, &mut file, size, Some(&mut hasher)).await {
+            Streamed::Done => {}
+            Streamed::Cut { got, cause } => {
+                return Err(format!(
+                    "{digest} from {address} stopped after {got} of {size} bytes: {cause}"
+                ));
+            }
+            Streamed::Write { cause, .. } => return Err(cause.to_string()),
+        }
+        let got = Digest::from_hasher(hasher);
+        if got != *digest {
+            let mismatch = content::ContentError::Mismatch {
+                digest: digest.clone(),
+                got,
+            };
+            return Err(mismatch.to_string());
+        }
+        coordinator
+            .blobs
+            .commit(&temp, digest)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    if landed.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    landed
+}
+
+impl Coordinator {
+    /// Makes sure the blob store holds `digest`, copying it from another coordinator of the
+    /// fleet when it does not (content imported through one coordinator, asked for through
+    /// another). Err says why it is still missing.
+    pub async fn ensure_blob(&self, digest: &Digest) -> Result<(), String> {
+        if self.blobs.has(digest) {
+            return Ok(());
+        }
+        let mut failures = Vec::new();
+        for address in self.live.peers() {
+            match pull(self, &address, digest).await {
+                Ok(()) => {
+                    tracing::info!(%digest, from = %address, "content copied from another coordinator");
+                    return Ok(());
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        Err(match failures.is_empty() {
+            true => format!("no coordinator of the fleet holds {digest}"),
+            false => failures.join("; "),
+        })
+    }
+}
