@@ -5,10 +5,14 @@
 use crate::store::{Applied, Change, Store, StoreError, StoreResult};
 use std::sync::Arc;
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// At most this many changes go into one transaction.
 const MAX_BATCH: usize = 4096;
+/// While the database cannot be reached, a batch is tried again for this long (a restart, a
+/// failover) before its changes are answered with the outage.
+const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);
 
 type Request = (Change, oneshot::Sender<StoreResult<Applied>>);
 
@@ -53,6 +57,31 @@ impl Committer {
     }
 }
 
+/// Applies the batch; while the database cannot be reached, waits and tries the same batch
+/// again (each change is safe to apply twice: events are deduped by id, the rest set values),
+/// so the sessions waiting on it ride out a restart.
+fn apply_through_outages(store: &Store, changes: &[Change]) -> Vec<StoreResult<Applied>> {
+    let since = Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let applied = store.apply(changes);
+        let outage = applied
+            .iter()
+            .all(|a| a.as_ref().is_err_and(|e| e.is_outage()));
+        if !outage || since.elapsed() > OUTAGE_PATIENCE {
+            return applied;
+        }
+        if pause == Duration::from_millis(100) {
+            tracing::warn!(
+                "the store cannot be reached; holding {} changes until it is back",
+                changes.len()
+            );
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
 fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>) {
     while let Ok(first) = inbox.recv() {
         let mut batch = vec![first];
@@ -63,7 +92,10 @@ fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>) {
             }
         }
         let (changes, answers): (Vec<Change>, Vec<_>) = batch.into_iter().unzip();
-        for (answer, applied) in answers.into_iter().zip(store.apply(&changes)) {
+        for (answer, applied) in answers
+            .into_iter()
+            .zip(apply_through_outages(store, &changes))
+        {
             let _ = answer.send(applied);
         }
     }

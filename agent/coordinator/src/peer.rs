@@ -22,7 +22,8 @@ pub const PEER: &str = "coordinator";
 /// A pinned TLS connection to the coordinator at `address`, proving the fleet's key.
 async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, String> {
     let failed = |e: &dyn std::fmt::Display| format!("cannot reach the coordinator {address}: {e}");
-    let cert = pin::mint_cert(&coordinator.key, Duration::from_secs(3600)).map_err(|e| failed(&e))?;
+    let cert =
+        pin::mint_cert(&coordinator.key, Duration::from_secs(3600)).map_err(|e| failed(&e))?;
     let pinned = coordinator.key.public_key_raw().to_vec();
     let config = pin::client_config(&coordinator.key, cert, pinned, Arc::new(Mutex::new(None)))
         .map_err(|e| failed(&e))?;

@@ -384,7 +384,7 @@ impl Coordinator {
         path: &str,
         max_bytes: Option<u64>,
     ) -> Result<Collected, CoordinatorError> {
-        let row = self.known_run(run)?;
+        let row = self.stored_run(run).await?;
         let command = Command::Collect {
             run_id: run.to_string(),
             path: path.to_string(),
@@ -410,9 +410,7 @@ impl Coordinator {
         request: &ReplicateRequest,
     ) -> Result<Replicated, CoordinatorError> {
         let bad = |m: String| CoordinatorError::Request(m);
-        let node_id = self
-            .store
-            .nodes()?
+        let node_id = (self.with_store(|store| store.nodes()).await?)
             .into_iter()
             .find(|n| n.id == request.node || n.name.as_deref() == Some(&request.node))
             .map(|n| n.id)
@@ -507,7 +505,7 @@ impl Coordinator {
     /// Stops a run through its node's live session. The node answers once the run ended; the
     /// row follows with the run's final event, its record saying it was stopped.
     pub async fn stop(&self, run: &str) -> Result<(), CoordinatorError> {
-        let row = self.known_run(run)?;
+        let row = self.stored_run(run).await?;
         if row.state.is_final() {
             return Err(CoordinatorError::Request(format!(
                 "run {run} already ended ({}): there is nothing to stop",
@@ -527,6 +525,15 @@ impl Coordinator {
             Reply::Stopped { .. } => Ok(()),
             other => Err(unexpected(&row, "stop", &other)),
         }
+    }
+
+    /// [`Self::known_run`] from async code: off the async thread, as every store call there.
+    async fn stored_run(&self, run: &str) -> Result<RunRow, CoordinatorError> {
+        let id = run.to_string();
+        let row = self.with_store(move |store| store.run(&id)).await?;
+        row.ok_or_else(|| {
+            CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
+        })
     }
 
     fn known_run(&self, run: &str) -> Result<RunRow, CoordinatorError> {
@@ -552,7 +559,8 @@ impl Coordinator {
         let answer = match self.live.calls(node_id) {
             Some(_) => self.call_held(node_id, command).await?,
             None => {
-                let node = self.store.node(node_id)?;
+                let id = node_id.to_string();
+                let node = self.with_store(move |store| store.node(&id)).await?;
                 let holder = node.and_then(|n| n.session_at);
                 let holder = holder.filter(|at| Some(at) != self.live.address.get());
                 let Some(holder) = holder else {
@@ -607,6 +615,9 @@ impl Coordinator {
             .collect();
         for row in self.store.active_runs()? {
             let lease_until = nodes.get(&row.node_id).copied().unwrap_or(0);
+            // A node whose session this coordinator holds was heard, whatever the store says yet
+            // (its heartbeats may wait for a database that is back only now).
+            let held_here = self.live.calls(&row.node_id).is_some();
             let verdict = if row.state == RunState::Waiting {
                 (now > row.created_ms + waiting_timeout_ms).then(|| {
                     (
@@ -619,7 +630,7 @@ impl Coordinator {
                     )
                 })
             } else {
-                (now > lease_until && now > up_since_ms + lease_ms).then(|| {
+                (!held_here && now > lease_until && now > up_since_ms + lease_ms).then(|| {
                     (
                         RunState::Lost,
                         format!(

@@ -73,6 +73,9 @@ pub async fn serve(
     let _stop_beats = AbortOnDrop(beats);
     let poll = tokio::spawn(wake_waiting_forever(coordinator.clone(), config.heartbeat));
     let _stop_poll = AbortOnDrop(poll);
+    let listening = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let _stop_listening = ClearOnDrop(listening.clone());
+    listen_for_waiting(coordinator.clone(), listening);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -105,6 +108,14 @@ pub async fn serve(
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
+struct ClearOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
@@ -128,16 +139,49 @@ async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
     }
 }
 
-/// The fallback for a wake-up that did not come (a run created through another coordinator of
-/// the same database): every `period`, the sessions held here whose node has runs waiting look
-/// at them. One read of the waiting index, whatever the fleet's size.
+/// Wakes the sessions held here whose node has runs waiting: one read of the waiting index,
+/// whatever the fleet's size.
+fn wake_waiting_sessions(coordinator: &Coordinator) {
+    match coordinator.store.waiting_nodes() {
+        Ok(nodes) => coordinator.live.wake(nodes.iter().map(String::as_str)),
+        Err(e) => tracing::warn!("reading the waiting runs failed: {e}"),
+    }
+}
+
+/// Runs created through another coordinator of the same database wake the sessions held here
+/// at once: that coordinator's commit notifies (PostgreSQL's NOTIFY), this thread hears it.
+/// A store only this coordinator opens has nobody to hear from, and the thread ends at once.
+fn listen_for_waiting(coordinator: Arc<Coordinator>, serving: Arc<std::sync::atomic::AtomicBool>) {
+    let listen = move || {
+        while serving.load(std::sync::atomic::Ordering::SeqCst) {
+            match coordinator.store.wait_for_waiting(Duration::from_secs(1)) {
+                None => return,
+                Some(Ok(true)) => wake_waiting_sessions(&coordinator),
+                Some(Ok(false)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!("listening for runs from the other coordinators failed: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("listen-waiting".into())
+        .spawn(listen);
+    if let Err(e) = spawned {
+        tracing::warn!("cannot listen for runs from the other coordinators: {e}");
+    }
+}
+
+/// The fallback for a wake-up that did not come (a notice lost while the database restarted):
+/// every `period`, the sessions held here whose node has runs waiting look at them.
 async fn wake_waiting_forever(coordinator: Arc<Coordinator>, period: Duration) {
     let mut tick = tokio::time::interval(period);
     loop {
         tick.tick().await;
-        match coordinator.with_store(|store| store.waiting_nodes()).await {
-            Ok(nodes) => coordinator.live.wake(nodes.iter().map(String::as_str)),
-            Err(e) => tracing::warn!("reading the waiting runs failed: {e}"),
+        let waker = coordinator.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || wake_waiting_sessions(&waker)).await {
+            tracing::warn!("waking the sessions with runs waiting did not complete: {e}");
         }
     }
 }
@@ -353,7 +397,7 @@ async fn session(
     protocol::write_msg(&mut stream, &welcome)
         .await
         .map_err(|e| e.to_string())?;
-    tracing::info!(%node_id, generation, "session open");
+    tracing::info!(%node_id, generation, at = ?coordinator.live.address.get(), "session open");
     let lapses = tokio::time::Instant::now() + Duration::from_secs(length as u64);
     let (calls_tx, calls) = mpsc::channel(16);
     let wake = Arc::new(Notify::new());
@@ -493,11 +537,17 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     /// Sends every run waiting for this node that is not in flight yet, staging its program first.
     async fn dispatch(&mut self) -> Result<(), String> {
         let node_id = self.node_id.clone();
-        let waiting: Vec<RunRow> = self
-            .coordinator
+        let read = (self.coordinator)
             .with_store(move |store| store.waiting_runs(&node_id))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await;
+        // A store that cannot be read now costs no session: the next wake-up or poll looks again.
+        let waiting: Vec<RunRow> = match read {
+            Ok(waiting) => waiting,
+            Err(e) => {
+                tracing::warn!(node_id = %self.node_id, "cannot read the runs waiting: {e}");
+                return Ok(());
+            }
+        };
         for run in waiting {
             // Stable op ids: a start redelivered in a later session is answered from the node's record.
             let op = format!("start-{}", run.id);

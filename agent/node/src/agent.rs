@@ -111,7 +111,10 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
     // Coordinators a session named are kept, so a restarted agent knows the whole fleet too.
     let remember = |known: Vec<String>| {
         let mut updated = membership.clone();
-        updated.alternates = known.into_iter().filter(|a| *a != updated.address).collect();
+        updated.alternates = known
+            .into_iter()
+            .filter(|a| *a != updated.address)
+            .collect();
         if let Err(e) = identity::save_membership(&config.state, &updated) {
             tracing::warn!("cannot record the fleet's coordinators: {e}");
         }

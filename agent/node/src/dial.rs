@@ -25,7 +25,10 @@ struct Known {
 impl Coordinators {
     /// `addresses` in order, the first one current; never empty.
     pub fn new(addresses: Vec<String>) -> Coordinators {
-        assert!(!addresses.is_empty(), "a node knows at least one coordinator");
+        assert!(
+            !addresses.is_empty(),
+            "a node knows at least one coordinator"
+        );
         Coordinators(Arc::new(Mutex::new(Known {
             addresses,
             current: 0,

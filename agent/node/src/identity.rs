@@ -61,7 +61,12 @@ impl Membership {
     /// Every coordinator known, the one joined through first.
     pub fn addresses(&self) -> Vec<String> {
         let mut all = vec![self.address.clone()];
-        all.extend(self.alternates.iter().filter(|a| **a != self.address).cloned());
+        all.extend(
+            self.alternates
+                .iter()
+                .filter(|a| **a != self.address)
+                .cloned(),
+        );
         all
     }
 }

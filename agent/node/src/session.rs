@@ -204,7 +204,7 @@ impl Session<'_> {
             return Ended::Store(e);
         }
         backoff.reset();
-        tracing::info!(generation, node_id = %self.membership.node_id, "session open");
+        tracing::info!(generation, node_id = %self.membership.node_id, coordinator = %self.coordinators.current(), "session open");
         let (reader, mut writer) = tokio::io::split(dialed.stream);
         // A reader task of its own: a read cancelled halfway through a frame would lose it.
         let (tx, mut inbox) = tokio::sync::mpsc::channel::<Inbound>(64);

@@ -235,6 +235,13 @@ fn schema_message(store: &str, found: Option<u64>, expected: u64) -> String {
     }
 }
 
+impl StoreError {
+    /// The database could not be reached: the same change may succeed once it is back.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, StoreError::Unreachable { .. })
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// What a backend finds where its store should be.
@@ -266,6 +273,13 @@ pub trait Backend: Send + Sync {
     /// backend may run `f` again after a conflict (a serialization failure in PostgreSQL); only
     /// the committed run's writes count.
     fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()>;
+    /// Waits up to `timeout` for another coordinator of the same store to say that runs were
+    /// put in the waiting index (a committed [`WriteTx::put_waiting`] says so): Ok(true) when one
+    /// did. None from a store that only one coordinator opens, which has nobody to hear from.
+    fn wait_for_waiting(&self, timeout: std::time::Duration) -> Option<StoreResult<bool>> {
+        let _ = timeout;
+        None
+    }
 }
 
 /// Reads inside a transaction.

@@ -66,6 +66,9 @@ const WRITE_TRIES: u32 = 30;
 /// At most this many connections per coordinator.
 const POOL_SIZE: usize = 16;
 
+/// The channel a committed [`WriteTx::put_waiting`] notifies, for the other coordinators.
+const WAITING_CHANNEL: &str = "fleet_waiting";
+
 /// How long a connection attempt may take when the URL does not say.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -77,6 +80,8 @@ pub struct PostgresBackend {
     location: String,
     pool: Mutex<Pool>,
     freed: Condvar,
+    /// The connection that listens on [`WAITING_CHANNEL`], once asked to.
+    listener: Mutex<Option<Conn>>,
 }
 
 #[derive(Default)]
@@ -180,6 +185,7 @@ impl PostgresBackend {
             location,
             pool: Mutex::new(Pool::default()),
             freed: Condvar::new(),
+            listener: Mutex::new(None),
         };
         let first = backend.take()?;
         backend.give_back(first);
@@ -250,12 +256,22 @@ impl PostgresBackend {
         self.freed.notify_one();
     }
 
-    /// Runs `f` on a pooled connection.
+    /// Runs `f` on a pooled connection. A failure that closed the connection (the server went
+    /// away mid-transaction) is [`StoreError::Unreachable`]: nothing of it was committed, or the
+    /// commit's answer was lost, and the caller may try again once the server is back.
     fn with_conn<T>(&self, f: impl FnOnce(&mut Conn) -> StoreResult<T>) -> StoreResult<T> {
         let mut conn = self.take()?;
         let out = f(&mut conn);
+        let closed = conn.client.is_closed();
         self.give_back(conn);
-        out
+        match out {
+            Err(StoreError::Db(reason)) if closed => Err(StoreError::Unreachable {
+                url: self.location.clone(),
+                reason,
+                hint: "the connection closed mid-transaction (the server restarted or went away); it is tried again",
+            }),
+            out => out,
+        }
     }
 }
 
@@ -265,7 +281,8 @@ impl Drop for PostgresBackend {
         // (where the last owner of a serving coordinator's store may let go): close them on a
         // thread of their own.
         let idle = std::mem::take(&mut self.pool.get_mut().expect("pool lock").idle);
-        let _ = std::thread::spawn(move || drop(idle)).join();
+        let listener = self.listener.get_mut().expect("listener lock").take();
+        let _ = std::thread::spawn(move || drop((idle, listener))).join();
     }
 }
 
@@ -396,6 +413,10 @@ impl Backend for PostgresBackend {
         })
     }
 
+    fn wait_for_waiting(&self, timeout: Duration) -> Option<StoreResult<bool>> {
+        Some(self.listen(timeout))
+    }
+
     fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()> {
         self.with_conn(|conn| {
             for attempt in 0..WRITE_TRIES {
@@ -406,7 +427,11 @@ impl Backend for PostgresBackend {
                 }
                 self.begin(conn, "BEGIN ISOLATION LEVEL SERIALIZABLE")?;
                 let mut tx = PgTx::new(conn);
-                let done = f(&mut tx);
+                let mut done = f(&mut tx);
+                if done.is_ok() && tx.announce.get() {
+                    // Delivered at commit, once per transaction, to every listening coordinator.
+                    done = tx.execute("SELECT pg_notify($1, '')", &[&WAITING_CHANNEL]);
+                }
                 let conflict = tx.conflict.get();
                 if conflict || done.is_err() {
                     let _ = conn.client.batch_execute("ROLLBACK");
@@ -429,6 +454,30 @@ impl Backend for PostgresBackend {
 }
 
 impl PostgresBackend {
+    /// Waits on the listening connection (made, and made again after the server went away, as
+    /// needed) for a notice on [`WAITING_CHANNEL`].
+    fn listen(&self, timeout: Duration) -> StoreResult<bool> {
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut listener = self.listener.lock().expect("listener lock");
+        if listener.as_ref().is_none_or(|conn| conn.client.is_closed()) {
+            let mut conn = self.dial()?;
+            conn.client
+                .batch_execute(&format!("LISTEN {WAITING_CHANNEL}"))
+                .map_err(fail)?;
+            *listener = Some(conn);
+        }
+        let conn = listener.as_mut().expect("connected above");
+        let mut notices = conn.client.notifications();
+        let heard = notices
+            .timeout_iter(timeout)
+            .next()
+            .map_err(fail)?
+            .is_some();
+        // Take the rest already here without waiting again: one wake-up answers them all.
+        while notices.iter().next().map_err(fail)?.is_some() {}
+        Ok(heard)
+    }
+
     /// Moves the store from `found` (schema `from`) to schema `to`, unless another coordinator
     /// moved it first.
     fn migrate(&self, found: Layout, from: u64, to: u64) -> StoreResult<()> {
@@ -473,6 +522,8 @@ struct PgTx<'a> {
     prepared: RefCell<&'a mut HashMap<&'static str, Statement>>,
     /// A statement failed on a serialization conflict: the whole transaction is tried again.
     conflict: Cell<bool>,
+    /// Runs were put in the waiting index: the other coordinators are told at commit.
+    announce: Cell<bool>,
 }
 
 type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
@@ -483,6 +534,7 @@ impl<'a> PgTx<'a> {
             client: RefCell::new(&mut conn.client),
             prepared: RefCell::new(&mut conn.prepared),
             conflict: Cell::new(false),
+            announce: Cell::new(false),
         }
     }
 
@@ -620,7 +672,10 @@ impl ReadTx for PgTx<'_> {
 
     fn coordinators(&self) -> StoreResult<Vec<(String, u64)>> {
         let rows = self.query("SELECT address, seen_ms FROM coordinators", &[])?;
-        Ok(rows.iter().map(|row| (row.get(0), count(row.get(1)))).collect())
+        Ok(rows
+            .iter()
+            .map(|row| (row.get(0), count(row.get(1))))
+            .collect())
     }
 }
 
@@ -728,6 +783,7 @@ impl WriteTx for PgTx<'_> {
     }
 
     fn put_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+        self.announce.set(true);
         self.execute(
             "INSERT INTO waiting_runs (node_id, run_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
             &[&node_id, &run_id],

@@ -216,7 +216,8 @@ impl Store {
 
     /// Applies many changes in one transaction (one commit for all of them), and answers each.
     /// When one of them fails, the transaction is given up and each is applied in a transaction
-    /// of its own, so one change's failure is its own.
+    /// of its own, so one change's failure is its own; when the database cannot be reached, each
+    /// is answered with that outage.
     pub fn apply(&self, changes: &[Change]) -> Vec<StoreResult<Applied>> {
         let keep = self.keep_final_runs;
         let together = self.write(|tx| {
@@ -227,6 +228,7 @@ impl Store {
         });
         match together {
             Ok(applied) => applied.into_iter().map(Ok).collect(),
+            Err(e) if e.is_outage() => changes.iter().map(|_| Err(outage_of(&e))).collect(),
             Err(_) if changes.len() > 1 => changes.iter().map(|c| self.apply_one(c)).collect(),
             Err(e) => vec![Err(e)],
         }
@@ -366,6 +368,11 @@ impl Store {
         Ok(live)
     }
 
+    /// See [`Backend::wait_for_waiting`].
+    pub fn wait_for_waiting(&self, timeout: std::time::Duration) -> Option<StoreResult<bool>> {
+        self.backend.wait_for_waiting(timeout)
+    }
+
     /// The nodes that have runs waiting for them (for a coordinator's periodic look, which
     /// wakes those of its sessions).
     pub fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
@@ -423,6 +430,18 @@ pub enum Applied {
     Generation(u64),
     EventsUpTo(u64),
     Done,
+}
+
+/// The same outage, for each change of a batch.
+fn outage_of(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unreachable { url, reason, hint } => StoreError::Unreachable {
+            url: url.clone(),
+            reason: reason.clone(),
+            hint,
+        },
+        other => StoreError::Db(other.to_string()),
+    }
 }
 
 fn mismatch(what: &str, applied: &Applied) -> StoreError {
