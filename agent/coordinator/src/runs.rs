@@ -135,7 +135,8 @@ fn patience(command: &Command) -> Duration {
 }
 
 /// A request to a node through its live session, answered with the command's result.
-pub type NodeCall = (Command, oneshot::Sender<Answer>);
+/// Boxed: the session's channel allocates its slots in blocks, which an idle session keeps.
+pub type NodeCall = Box<(Command, oneshot::Sender<Answer>)>;
 
 /// One node's live session, as the rest of the coordinator reaches it.
 pub struct SessionHandle {
@@ -591,7 +592,9 @@ impl Coordinator {
         })?;
         let patience = patience(&command);
         let (reply, answer) = oneshot::channel();
-        link.send((command, reply)).await.map_err(|_| gone())?;
+        link.send(Box::new((command, reply)))
+            .await
+            .map_err(|_| gone())?;
         tokio::time::timeout(patience, answer)
             .await
             .map_err(|_| gone())?

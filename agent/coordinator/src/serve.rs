@@ -462,8 +462,10 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         lease: Duration,
     ) -> Result<(), String> {
         let node_id = self.node_id.clone();
-        // A reader task of its own: a read cancelled halfway through a frame would lose it.
-        let (tx, mut inbox) = mpsc::channel::<Result<Option<Inbound>, protocol::FrameError>>(BATCH);
+        // A reader task of its own: a read cancelled halfway through a frame would lose it. The
+        // messages are boxed: a channel allocates its slots in blocks, and an idle session should
+        // hold a block of pointers, not of whole messages.
+        let (tx, mut inbox) = mpsc::channel::<Box<Read>>(BATCH);
         let reading = tokio::spawn(async move {
             let mut reader = reader;
             loop {
@@ -471,7 +473,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     .await
                     .map(|m| m.map(parse_up));
                 let end = !matches!(msg, Ok(Some(_)));
-                if tx.send(msg).await.is_err() || end {
+                if tx.send(Box::new(msg)).await.is_err() || end {
                     return;
                 }
             }
@@ -484,13 +486,14 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                         return Err(format!("the session credential of {node_id} lapsed"));
                     }
                     _ = wake.notified() => self.dispatch().await?,
-                    Some((command, reply)) = calls.recv() => {
+                    Some(call) = calls.recv() => {
+                        let (command, reply) = *call;
                         let op = self.op_id("call");
                         self.inflight.insert(op.clone(), Pending::Call(reply));
                         self.send(op, command).await?;
                     }
                     msg = tokio::time::timeout(lease, inbox.recv()) => {
-                        let first = match msg {
+                        let first = match msg.map(|m| m.map(|boxed| *boxed)) {
                             Err(_) => return Err(format!("{node_id} was silent for a whole lease")),
                             Ok(None) => return Err(format!("the session of {node_id} ended")),
                             Ok(Some(Err(e))) => return Err(format!("the session of {node_id} failed: {e}")),
@@ -503,7 +506,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                         // Take what else is already here, so events are stored in one transaction.
                         let mut batch = vec![first];
                         while batch.len() < BATCH {
-                            match inbox.try_recv() {
+                            match inbox.try_recv().map(|boxed| *boxed) {
                                 Ok(Ok(Some(msg))) => batch.push(msg),
                                 _ => break,
                             }
@@ -739,6 +742,9 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         }
     }
 }
+
+/// What the reader task hands the session: a message, the end, or why reading failed.
+type Read = Result<Option<Inbound>, protocol::FrameError>;
 
 /// A message from a node, read leniently enough that one event this coordinator cannot read (a
 /// state from a newer agent) is refused on its own while the session goes on.

@@ -1,8 +1,10 @@
 //! `fleet-loadgen`: many simulated nodes in one process, each speaking the real node protocol to a
 //! coordinator: its own Ed25519 key, the pinned TLS join with a one-time token, a session with
 //! facts and heartbeats at the coordinator's interval, and answers to commands (a start is
-//! answered, then reported `running` and `finished` with exit 0, without running anything). It
-//! prints one JSON line of counters a second, for `cargo xtask bench fleet`.
+//! answered, then reported `running` and `finished` with exit 0, without running anything). A node
+//! whose session ends reconnects as the agent does: with the agent's backoff, to the next
+//! coordinator its join file names. It prints one JSON line of counters a second, for
+//! `cargo xtask bench fleet`.
 use anyhow::{Context, Result};
 use clap::Parser;
 use fleet_agent::identity::Identity;
@@ -38,6 +40,8 @@ struct Args {
 struct Counters {
     joined: AtomicU64,
     sessions: AtomicU64,
+    /// Sessions open now.
+    live: AtomicU64,
     heartbeats: AtomicU64,
     starts: AtomicU64,
     finished: AtomicU64,
@@ -51,6 +55,7 @@ impl Counters {
             "elapsed_ms": since.elapsed().as_millis() as u64,
             "joined": get(&self.joined),
             "sessions": get(&self.sessions),
+            "live": get(&self.live),
             "heartbeats": get(&self.heartbeats),
             "starts": get(&self.starts),
             "finished": get(&self.finished),
@@ -109,23 +114,40 @@ async fn node(join: JoinFile, counters: &Counters, joining: &tokio::sync::Semaph
     };
     counters.joined.fetch_add(1, Ordering::Relaxed);
     let mut next_event = 0;
-    loop {
-        if let Err(e) = session(&identity, &join, &node_id, &mut next_event, counters).await {
-            eprintln!("{node_id}: session ended: {e:#}");
+    let addresses = join.addresses();
+    let mut backoff = fleet_agent::backoff::Backoff::new(Duration::from_millis(200));
+    for attempt in 0usize.. {
+        let address = &addresses[attempt % addresses.len()];
+        let ended = session(
+            &identity,
+            &join,
+            address,
+            &node_id,
+            &mut next_event,
+            counters,
+        )
+        .await;
+        match ended {
+            Ok(true) => backoff.reset(),
+            Ok(false) => {}
+            Err(e) => eprintln!("{node_id}: session at {address} ended: {e:#}"),
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(backoff.next_delay()).await;
     }
+    Ok(())
 }
 
+/// One session at `address`; Ok(true) when it was open before it ended.
 async fn session(
     identity: &Identity,
     join: &JoinFile,
+    address: &str,
     node_id: &str,
     next_event: &mut u64,
     counters: &Counters,
-) -> Result<()> {
+) -> Result<bool> {
     let dialed = fleet_agent::dial::dial(
-        &join.address,
+        address,
         identity,
         &join.pinned_key(),
         Duration::from_secs(3600),
@@ -140,6 +162,18 @@ async fn session(
         anyhow::bail!("no welcome");
     };
     counters.sessions.fetch_add(1, Ordering::Relaxed);
+    counters.live.fetch_add(1, Ordering::Relaxed);
+    let ended = open_session(stream, heartbeat_ms, next_event, counters).await;
+    counters.live.fetch_sub(1, Ordering::Relaxed);
+    ended.map(|()| true)
+}
+
+async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    mut stream: S,
+    heartbeat_ms: u64,
+    next_event: &mut u64,
+    counters: &Counters,
+) -> Result<()> {
     protocol::write_msg(&mut stream, &Up::Facts { facts: facts() }).await?;
     let (mut reader, mut writer) = tokio::io::split(stream);
     let (inbox_tx, mut inbox) = tokio::sync::mpsc::channel(16);

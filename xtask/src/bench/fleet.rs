@@ -1,14 +1,19 @@
-//! `cargo xtask bench fleet --nodes N`: one coordinator on its embedded store and N simulated nodes
-//! (`fleet-loadgen`, the real protocol: keys, pinned TLS, join, sessions, heartbeats, answers) on
-//! loopback. Measures the time for all to join, the coordinator's memory per live node, its CPU
-//! per heartbeat at a steady 5 s heartbeat, and one run dispatched to every node with every result
-//! back, with the coordinator's memory while dispatching.
+//! `cargo xtask bench fleet --nodes N --coordinators K --store redb|postgres`: K coordinators (on
+//! their embedded store, K = 1, or on one PostgreSQL) and N simulated nodes (`fleet-loadgen`, the
+//! real protocol: keys, pinned TLS, join, sessions, heartbeats, answers), one loadgen process per
+//! coordinator, each holding the nodes whose join file names that coordinator first. Measures the
+//! time for all to join, the coordinators' memory per live node, their CPU per heartbeat at a
+//! steady 5 s heartbeat, the database's commits a second, one run dispatched to every node with
+//! every result back (and the memory meanwhile), and with K > 1 the time for a SIGKILLed
+//! coordinator's nodes to be back in session elsewhere.
+use super::postgres::Cluster;
 use crate::cross;
 use crate::fleet::{self, Coordinator, Proc};
 use crate::util::{proc_status_kib, record_benchmark};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,92 +23,166 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long the steady heartbeat is watched for its CPU cost.
 const STEADY: Duration = Duration::from_secs(30);
 
-pub fn run(nodes: usize) -> Result<()> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    Redb,
+    Postgres,
+}
+
+pub fn run(nodes: usize, coordinators: usize, store: StoreKind) -> Result<()> {
+    if coordinators > 1 && store == StoreKind::Redb {
+        bail!("several coordinators share a fleet only on PostgreSQL: pass --store postgres");
+    }
+    let k = coordinators.max(1);
     cross::build_static(TARGET, &["fleet-coordinator", "fleet-loadgen"])?;
     let release = cross::target_dir().join(TARGET).join("release");
     let work = fleet::fresh_dir("bench-fleet")?;
+    let cluster = match store {
+        StoreKind::Postgres => Some(Cluster::start(&work.join("pg"), 100 + 20 * k)?),
+        StoreKind::Redb => None,
+    };
     let heartbeat = format!("{}s", HEARTBEAT.as_secs());
-    let mut coordinator = Coordinator::serve(
-        &release.join("fleet-coordinator"),
-        &work.join("coord"),
-        &["--heartbeat", &heartbeat, "--lease", "30s"],
-        Stdio::null(),
-    )?;
-    let pid = coordinator.pid();
-    let joins = work.join("joins.jsonl");
-    std::fs::write(
-        &joins,
-        coordinator.cli(&["token", "--count", &nodes.to_string()])?,
-    )?;
-    let empty_kib = proc_status_kib(pid, "VmRSS")?;
+    let mut flags = vec!["--heartbeat", &heartbeat, "--lease", "30s"];
+    let url = cluster.as_ref().map(Cluster::url);
+    if let Some(url) = &url {
+        flags.extend(["--store", url]);
+    }
+    let mut coords = Vec::new();
+    for i in 0..k {
+        let data = work.join(format!("coord-{i}"));
+        if i > 0 {
+            // The fleet's key, copied as an operator would.
+            std::fs::create_dir_all(&data)?;
+            let key = work.join("coord-0").join("coordinator.key");
+            std::fs::copy(key, data.join("coordinator.key"))?;
+        }
+        coords.push(Coordinator::serve(
+            &release.join("fleet-coordinator"),
+            &data,
+            &flags,
+            Stdio::null(),
+        )?);
+    }
+    let joins = join_files(&coords, nodes, &work)?;
+    let pids: Vec<u32> = coords.iter().map(Coordinator::pid).collect();
+    let empty_kib = rss_kib(&pids)?;
 
-    let mut loadgen = Proc::spawn(
-        Command::new(release.join("fleet-loadgen"))
-            .arg("--join-files")
-            .arg(&joins)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(work.join("loadgen.log"))?),
-    )?;
-    let counters = counter_lines(&mut loadgen);
+    let mut loadgens = Vec::new();
+    let mut counters = Vec::new();
+    for (i, join) in joins.iter().enumerate() {
+        let mut loadgen = Proc::spawn(
+            Command::new(release.join("fleet-loadgen"))
+                .arg("--join-files")
+                .arg(join)
+                .arg("--duration")
+                .arg("1h")
+                .stdout(Stdio::piped())
+                .stderr(std::fs::File::create(
+                    work.join(format!("loadgen-{i}.log")),
+                )?),
+        )?;
+        counters.push(counter_lines(&mut loadgen));
+        loadgens.push(loadgen);
+    }
     let all = nodes as u64;
-    let joined = wait_for(&counters, |c| c["sessions"].as_u64() >= Some(all), 600)?;
-    let join_s = joined["elapsed_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+    let started = Instant::now();
+    let count = |c: &Value, name: &str| c[name].as_u64().unwrap_or(0);
+    wait_until(
+        &counters,
+        900,
+        |c| count(c, "live") >= all,
+        "all nodes in session",
+    )?;
+    let join_s = started.elapsed().as_secs_f64();
 
-    // Steady state: every node heartbeating; memory and CPU of the coordinator alone.
+    // Steady state: every node heartbeating; memory and CPU of the coordinators alone.
     std::thread::sleep(HEARTBEAT * 2);
-    let idle_kib = proc_status_kib(pid, "VmRSS")?;
-    let (cpu0, beats0) = (
-        cpu_seconds(pid)?,
-        latest(&counters)?["heartbeats"].as_u64().unwrap_or(0),
+    let idle_kib = rss_kib(&pids)?;
+    let commits = |c: &Option<Cluster>| c.as_ref().map(Cluster::commits).transpose();
+    let (cpu0, beats0, commits0) = (
+        cpu_seconds(&pids)?,
+        sum(&latest(&counters)?, "heartbeats"),
+        commits(&cluster)?,
     );
     std::thread::sleep(STEADY);
-    let (cpu1, beats1) = (
-        cpu_seconds(pid)?,
-        latest(&counters)?["heartbeats"].as_u64().unwrap_or(0),
+    let (cpu1, beats1, commits1) = (
+        cpu_seconds(&pids)?,
+        sum(&latest(&counters)?, "heartbeats"),
+        commits(&cluster)?,
     );
     let beats = beats1.saturating_sub(beats0).max(1);
     let cpu_us_per_beat = (cpu1 - cpu0) * 1e6 / beats as f64;
     let core_share = (cpu1 - cpu0) / STEADY.as_secs_f64() * 100.0;
+    let commits_per_s = commits0
+        .zip(commits1)
+        .map(|(a, b)| b.saturating_sub(a) as f64 / STEADY.as_secs_f64() / k as f64);
 
-    // One run to every node, until every row is final.
+    // One run to every node, through the first coordinator, until every row is final.
     let program = work.join("true.sh");
     std::fs::write(&program, "#!/bin/sh\nexit 0\n")?;
     let started = Instant::now();
-    let set = coordinator.run_set(&program, &[])?;
+    let set = coords[0].run_set(&program, &[])?;
     let mut peak_kib = idle_kib;
     let dispatch_s = loop {
-        peak_kib = peak_kib.max(proc_status_kib(pid, "VmRSS")?);
-        let rows: Vec<Value> =
-            serde_json::from_str(&coordinator.cli(&["status", "--set", &set, "--json"])?)?;
-        if rows.len() == nodes && rows.iter().all(|r| r["state"] == "finished") {
-            break started.elapsed().as_secs_f64();
+        peak_kib = peak_kib.max(rss_kib(&pids)?);
+        if sum(&latest(&counters)?, "finished") >= all {
+            let rows: Vec<Value> =
+                serde_json::from_str(&coords[0].cli(&["status", "--set", &set, "--json"])?)?;
+            if rows.len() == nodes && rows.iter().all(|r| r["state"] == "finished") {
+                break started.elapsed().as_secs_f64();
+            }
         }
         if started.elapsed() > Duration::from_secs(600) {
             bail!("the {nodes} runs did not all finish within 10 minutes");
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    loadgen.stop();
-    coordinator.stop();
+
+    // With several coordinators: one SIGKILLed, its nodes back in session at the others.
+    let failover = if k > 1 {
+        let before = sum(&latest(&counters)?, "sessions");
+        let killed = Instant::now();
+        coords[0].stop();
+        let held = all / k as u64;
+        let back = |c: &Value| count(c, "sessions") >= before + held && count(c, "live") >= all;
+        wait_until(&counters, 300, back, "the killed coordinator's nodes back")?;
+        Some(killed.elapsed().as_secs_f64())
+    } else {
+        None
+    };
+    for mut loadgen in loadgens {
+        loadgen.stop();
+    }
+    for mut coord in coords {
+        coord.stop();
+    }
 
     let per_node = (idle_kib.saturating_sub(empty_kib)) as f64 / nodes as f64;
-    let markdown = format!(
-        "## fleet\n\n\
-         `cargo xtask bench fleet --nodes {nodes}`: one `fleet-coordinator serve` (static `{TARGET}` \
-         release, embedded redb store, heartbeat {hb} s) and {nodes} simulated nodes from \
-         `fleet-loadgen` in one process on loopback, each with its own Ed25519 key, the pinned TLS \
-         join, a session with facts and heartbeats, and answers to starts (reported `running` and \
-         `finished` without running anything). One run each, on one machine of 2 cores shared by \
-         both processes.\n\n\
+    let store_name = match store {
+        StoreKind::Redb => "embedded redb store",
+        StoreKind::Postgres => "one PostgreSQL 15 (Debian's, default settings, fsync on)",
+    };
+    let mut markdown = format!(
+        "## fleet: {k} coordinator(s), {store:?}, {nodes} nodes\n\n\
+         `cargo xtask bench fleet --nodes {nodes} --coordinators {k} --store {store_arg}`: {k} \
+         `fleet-coordinator serve` (static `{TARGET}` release, {store_name}, heartbeat {hb} s) and \
+         {nodes} simulated nodes from `fleet-loadgen` ({k} process(es), one per coordinator) on \
+         loopback, each with its own Ed25519 key, the pinned TLS join, a session with facts and \
+         heartbeats, and answers to starts (reported `running` and `finished` without running \
+         anything). One run of each figure, on one machine of 2 cores shared by every process.\n\n\
          | figure | value | target (issue 14) |\n\
          |---|---|---|\n\
          | all {nodes} nodes joined and in session | {join_s:.1} s | |\n\
-         | coordinator RSS, no node / {nodes} idle nodes | {empty:.1} MiB / {idle:.1} MiB | |\n\
+         | coordinators' RSS, no node / {nodes} idle nodes | {empty:.1} MiB / {idle:.1} MiB | |\n\
          | coordinator RSS per live node | {per_node:.1} KiB | <= 32 KiB |\n\
          | coordinator CPU per heartbeat (over {steady} s, {beats} heartbeats) | {cpu_us_per_beat:.0} µs | <= 50 µs |\n\
-         | coordinator CPU at a steady {hb} s heartbeat | {core_share:.0}% of one core | |\n\
+         | coordinators' CPU at a steady {hb} s heartbeat | {core_share:.0}% of one core | |\n\
          | one run to each node, dispatched and every result back | {dispatch_s:.1} s | < 30 s for 10 000 |\n\
-         | coordinator peak RSS while dispatching / idle | {peak:.1} MiB ({ratio:.2}x) | <= 2x |\n",
+         | coordinators' peak RSS while dispatching / idle | {peak:.1} MiB ({ratio:.2}x) | <= 2x |\n",
+        store_arg = match store {
+            StoreKind::Redb => "redb",
+            StoreKind::Postgres => "postgres",
+        },
         hb = HEARTBEAT.as_secs(),
         empty = empty_kib as f64 / 1024.0,
         idle = idle_kib as f64 / 1024.0,
@@ -111,8 +190,72 @@ pub fn run(nodes: usize) -> Result<()> {
         peak = peak_kib as f64 / 1024.0,
         ratio = peak_kib as f64 / idle_kib.max(1) as f64,
     );
+    if let Some(rate) = commits_per_s {
+        markdown.push_str(&format!(
+            "| database commits a second per coordinator at the steady heartbeat (every transaction, reads included) | {rate:.1} | <= 10 |\n"
+        ));
+    }
+    if let Some(seconds) = failover {
+        markdown.push_str(&format!(
+            "| one coordinator SIGKILLed: its nodes back in session at the others | {seconds:.1} s | within 2 heartbeats of their backoff |\n"
+        ));
+    }
     println!("{markdown}");
-    record_benchmark("fleet", &markdown)
+    record_benchmark(
+        &format!(
+            "fleet-{store_arg}-{k}",
+            store_arg = format!("{store:?}").to_lowercase()
+        ),
+        &markdown,
+    )
+}
+
+/// One JSON-lines file of join files per coordinator: `nodes` tokens minted once every
+/// coordinator knows the others, node i naming coordinator i % K first and the rest after it.
+fn join_files(
+    coords: &[Coordinator],
+    nodes: usize,
+    work: &Path,
+) -> Result<Vec<std::path::PathBuf>> {
+    let k = coords.len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let minted = loop {
+        let minted = coords[0].cli(&["token", "--count", &nodes.to_string(), "--ttl", "1h"])?;
+        let first: Value = serde_json::from_str(minted.lines().next().unwrap_or("{}"))?;
+        if first["alternates"].as_array().map_or(0, Vec::len) + 1 >= k {
+            break minted;
+        }
+        if Instant::now() > deadline {
+            bail!("the coordinators did not all know each other within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let addresses: Vec<String> = coords.iter().map(|c| c.addr.clone()).collect();
+    let mut per_coordinator = vec![String::new(); k];
+    for (i, line) in minted.lines().enumerate() {
+        let mut join: Value = serde_json::from_str(line)?;
+        let order: Vec<&String> = (0..k).map(|j| &addresses[(i + j) % k]).collect();
+        join["address"] = Value::from(order[0].clone());
+        join["alternates"] = Value::from(
+            order[1..]
+                .iter()
+                .map(|a| Value::from(a.as_str()))
+                .collect::<Vec<_>>(),
+        );
+        per_coordinator[i % k].push_str(&join.to_string());
+        per_coordinator[i % k].push('\n');
+    }
+    let mut files = Vec::new();
+    for (i, text) in per_coordinator.into_iter().enumerate() {
+        let path = work.join(format!("joins-{i}.jsonl"));
+        std::fs::write(&path, text)?;
+        files.push(path);
+    }
+    Ok(files)
+}
+
+fn rss_kib(pids: &[u32]) -> Result<u64> {
+    pids.iter().map(|&pid| proc_status_kib(pid, "VmRSS")).sum()
 }
 
 /// The loadgen's counter lines, parsed, as they arrive.
@@ -131,49 +274,78 @@ fn counter_lines(loadgen: &mut Proc) -> mpsc::Receiver<Value> {
     rx
 }
 
-/// The first counter line that passes `check`, within `seconds`.
-fn wait_for(
-    lines: &mpsc::Receiver<Value>,
-    check: impl Fn(&Value) -> bool,
-    seconds: u64,
-) -> Result<Value> {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let mut last = Value::Null;
-    while Instant::now() < deadline {
-        match lines.recv_timeout(Duration::from_secs(5)) {
-            Ok(v) if check(&v) => return Ok(v),
-            Ok(v) => last = v,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                bail!("fleet-loadgen stopped; last counters {last}")
+/// The newest counter line of each loadgen (they come once a second).
+fn latest(lines: &[mpsc::Receiver<Value>]) -> Result<Vec<Value>> {
+    lines
+        .iter()
+        .map(|rx| {
+            let mut newest = rx.recv_timeout(Duration::from_secs(5)).context(
+                "no counters from fleet-loadgen (it stopped: see target/bench-fleet/loadgen-*.log)",
+            )?;
+            while let Ok(v) = rx.try_recv() {
+                newest = v;
             }
+            Ok(newest)
+        })
+        .collect()
+}
+
+/// One counter summed over the loadgens.
+fn sum(latest: &[Value], counter: &str) -> u64 {
+    latest
+        .iter()
+        .map(|v| v[counter].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Waits until `check` passes on the counters summed over the loadgens, within `seconds`.
+fn wait_until(
+    lines: &[mpsc::Receiver<Value>],
+    seconds: u64,
+    check: impl Fn(&Value) -> bool,
+    what: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let names = [
+        "joined",
+        "sessions",
+        "live",
+        "heartbeats",
+        "starts",
+        "finished",
+        "failures",
+    ];
+    loop {
+        let newest = latest(lines)?;
+        let total: serde_json::Map<String, Value> = names
+            .iter()
+            .map(|n| (n.to_string(), Value::from(sum(&newest, n))))
+            .collect();
+        let total = Value::Object(total);
+        if check(&total) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not within {seconds} s; counters {total}");
         }
     }
-    bail!("the simulated nodes did not get there in {seconds} s; last counters {last}")
 }
 
-/// The newest counter line (they come once a second).
-fn latest(lines: &mpsc::Receiver<Value>) -> Result<Value> {
-    let mut newest = lines
-        .recv_timeout(Duration::from_secs(5))
-        .context("no counters from fleet-loadgen")?;
-    while let Ok(v) = lines.try_recv() {
-        newest = v;
+/// User plus system CPU seconds the processes have used.
+fn cpu_seconds(pids: &[u32]) -> Result<f64> {
+    let mut total = 0.0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command (which may hold spaces) start after its closing parenthesis.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .context("a malformed /proc/PID/stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+        // SAFETY: sysconf reads a constant of the running kernel.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        total += ticks / hz;
     }
-    Ok(newest)
-}
-
-/// User plus system CPU seconds a process has used.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command (which may hold spaces) start after its closing parenthesis.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .context("a malformed /proc/PID/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    // SAFETY: sysconf reads a constant of the running kernel.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / hz)
+    Ok(total)
 }

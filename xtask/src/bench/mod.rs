@@ -4,6 +4,7 @@ mod build;
 pub(crate) mod container;
 mod content;
 mod fleet;
+mod postgres;
 pub(crate) mod registry;
 mod supervisor;
 
@@ -22,11 +23,18 @@ pub enum Which {
     Agent,
     /// An image run through the coordinator and the agent's Docker runtime against `docker run`
     Container,
-    /// One coordinator and N simulated nodes: join time, memory per node, CPU per heartbeat, dispatch
+    /// K coordinators and N simulated nodes: join time, memory per node, CPU per heartbeat,
+    /// database commits, dispatch, and with K > 1 the failover of a killed coordinator's nodes
     Fleet {
-        /// How many simulated nodes
+        /// How many simulated nodes in all
         #[arg(long, default_value_t = 10_000)]
         nodes: usize,
+        /// How many coordinators share the fleet (more than one needs --store postgres)
+        #[arg(long, default_value_t = 1)]
+        coordinators: usize,
+        /// The coordinators' store
+        #[arg(long, value_enum, default_value_t = fleet::StoreKind::Redb)]
+        store: fleet::StoreKind,
     },
     /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
     Content,
@@ -39,7 +47,11 @@ pub fn run(which: Which) -> Result<()> {
         Which::Supervisor => supervisor::run(),
         Which::Agent => agent::run(),
         Which::Container => container::run(),
-        Which::Fleet { nodes } => fleet::run(nodes),
+        Which::Fleet {
+            nodes,
+            coordinators,
+            store,
+        } => fleet::run(nodes, coordinators, store),
         Which::Content => content::run(),
     }
 }
