@@ -167,6 +167,16 @@ pub fn node_id(public_key: &[u8]) -> String {
     format!("n-{}", &hex::encode(Sha256::digest(public_key))[..16])
 }
 
+/// A fresh one-time token: the prefix and 32 random bytes.
+fn new_token() -> String {
+    let mut raw = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut raw);
+    format!(
+        "{TOKEN_PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+    )
+}
+
 pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
@@ -235,17 +245,24 @@ impl Coordinator {
         request: &TokenRequest,
         default_address: Option<&str>,
     ) -> Result<JoinFile, CoordinatorError> {
+        let mut joins = self.mint_tokens(request, 1, default_address)?;
+        joins
+            .pop()
+            .ok_or_else(|| CoordinatorError::Request("no token was minted".into()))
+    }
+
+    /// Mints `count` tokens of the same request in one transaction; returns their join files.
+    pub fn mint_tokens(
+        &self,
+        request: &TokenRequest,
+        count: usize,
+        default_address: Option<&str>,
+    ) -> Result<Vec<JoinFile>, CoordinatorError> {
         let address = request
             .address
             .clone()
             .or_else(|| default_address.map(str::to_string))
             .ok_or(CoordinatorError::NoAddress)?;
-        let mut raw = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut raw);
-        let token = format!(
-            "{TOKEN_PREFIX}{}",
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
-        );
         let now = now_ms();
         let expires_at_ms = now + request.ttl_ms;
         let record = TokenRecord {
@@ -255,23 +272,30 @@ impl Coordinator {
             spent_by: None,
             bootstrap_failure: None,
         };
-        self.store.add_token(&token_hash(&token), &record, now)?;
         // The fleet's other coordinators now (on a shared store), for the node to try in turn.
-        let alternates = (self.live.fleet.lock().expect("fleet").iter())
+        let alternates: Vec<String> = (self.live.fleet.lock().expect("fleet").iter())
             .filter(|other| **other != address)
             .cloned()
             .collect();
-        Ok(JoinFile {
-            alternates,
-            address,
-            coordinator_key: self.public_key_text(),
-            token: Secret(token),
-            expires_at_ms: Some(expires_at_ms),
-            ttl_ms: Some(request.ttl_ms),
-            bundle_sha256: request.bundle_sha256.clone(),
-            name: request.name.clone(),
-            labels: request.labels.clone(),
-        })
+        let tokens: Vec<String> = (0..count).map(|_| new_token()).collect();
+        let hashed: Vec<(String, TokenRecord)> = (tokens.iter())
+            .map(|token| (token_hash(token), record.clone()))
+            .collect();
+        self.store.add_tokens(&hashed, now)?;
+        Ok(tokens
+            .into_iter()
+            .map(|token| JoinFile {
+                alternates: alternates.clone(),
+                address: address.clone(),
+                coordinator_key: self.public_key_text(),
+                token: Secret(token),
+                expires_at_ms: Some(expires_at_ms),
+                ttl_ms: Some(request.ttl_ms),
+                bundle_sha256: request.bundle_sha256.clone(),
+                name: request.name.clone(),
+                labels: request.labels.clone(),
+            })
+            .collect())
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeView>, CoordinatorError> {

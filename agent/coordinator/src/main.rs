@@ -44,10 +44,13 @@ fn run_coordinator(args: Cli) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&join)?);
         }
         Command::Token(t) => {
-            let request = operator::Request::Token(token_request(&t.token));
+            let request = operator::Request::Tokens {
+                request: token_request(&t.token),
+                count: t.count as usize,
+            };
+            let joins: Vec<serde_json::Value> = serde_json::from_value(operate(&place, request)?)?;
             let mut out = std::io::stdout().lock();
-            for _ in 0..t.count {
-                let join = operate(&place, request.clone())?;
+            for join in joins {
                 writeln!(out, "{}", serde_json::to_string(&join)?)?;
             }
         }

@@ -15,6 +15,11 @@ pub const SOCKET_FILE: &str = "operator.sock";
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     Token(TokenRequest),
+    /// `count` join files of the same request, minted in one transaction; answered as a list.
+    Tokens {
+        request: TokenRequest,
+        count: usize,
+    },
     Nodes,
     Run(super::runs::RunRequest),
     Status {
@@ -94,6 +99,9 @@ fn answer(
 ) -> Result<serde_json::Value, CoordinatorError> {
     match request {
         Request::Token(req) => coordinator.mint_token(&req, address).map(to_json),
+        Request::Tokens { request, count } => coordinator
+            .mint_tokens(&request, count, address)
+            .map(to_json),
         Request::Nodes => coordinator.nodes().map(to_json),
         Request::Run(req) => coordinator.create_runs(&req).map(to_json),
         Request::Status { set, run } => coordinator

@@ -82,13 +82,21 @@ impl Store {
     /// (the coordinator's clock). A spent token stays until it expires: its join is answered
     /// again for the same key until then.
     pub fn add_token(&self, hash: &str, token: &TokenRecord, now_ms: u64) -> StoreResult<()> {
+        self.add_tokens(&[(hash.to_string(), token.clone())], now_ms)
+    }
+
+    /// [`Store::add_token`] for many tokens (hash, record) in one transaction, pruning once.
+    pub fn add_tokens(&self, tokens: &[(String, TokenRecord)], now_ms: u64) -> StoreResult<()> {
         self.write(|tx| {
             for (old, record) in tx.tokens()? {
                 if now_ms >= record.expires_at_ms {
                     tx.remove_token(&old)?;
                 }
             }
-            tx.put_token(hash, token)
+            for (hash, token) in tokens {
+                tx.put_token(hash, token)?;
+            }
+            Ok(())
         })
     }
 
