@@ -276,19 +276,14 @@ impl DockerRuntime {
         }
     }
 
-    /// Pulls `image` unless the engine has it; a stalled pull is abandoned.
-    async fn ensure_image(
+    /// Pulls `image`; a stalled pull is abandoned.
+    async fn pull(
         &self,
         run_id: &str,
         image: &ImageRef,
         auth: Option<&RegistryAuth>,
-    ) -> Result<bool, RuntimeError> {
+    ) -> Result<(), RuntimeError> {
         let reference = image.to_string();
-        match self.docker.inspect_image(&reference).await {
-            Ok(_) => return Ok(false),
-            Err(e) if status_of(&e) == Some(404) => {}
-            Err(e) => return Err(self.engine_error(run_id, "look up the image", e)),
-        }
         let refused = |reason: String| RuntimeError::Refused {
             run_id: run_id.to_string(),
             reason,
@@ -317,7 +312,7 @@ impl DockerRuntime {
                         image.host
                     )));
                 }
-                Ok(None) => return Ok(true),
+                Ok(None) => return Ok(()),
                 Ok(Some(Ok(_))) => {}
                 Ok(Some(Err(e))) => {
                     let hint = if auth.is_some() {
@@ -403,16 +398,13 @@ impl DockerRuntime {
             run_id: run_id.to_string(),
             reason,
         };
-        // Twice at most: a container created but never started (the agent died between the
-        // two) is removed and made again, since its inputs may be missing.
-        for _ in 0..2 {
-            if let Some(existing) = self.adopt(run_id).await? {
-                return Ok(existing);
-            }
-            let pulled = self
-                .ensure_image(run_id, image, spec.registry_auth.as_ref())
-                .await?;
-            self.mark_image_used(&image.to_string(), pulled);
+        // The create is asked first, as the `docker` CLI does: a container of this name (a
+        // redelivered start) and a missing image are learned from its refusal, so the start of
+        // a present image is two requests. At most one pull, and one retry after a container
+        // created but never started (the agent died between the two) is removed, since its
+        // inputs may be missing.
+        let (mut pulled, mut retried) = (false, false);
+        loop {
             let options = CreateContainerOptions {
                 name: Some(name.clone()),
                 ..Default::default()
@@ -420,10 +412,29 @@ impl DockerRuntime {
             let body = self.create_body(spec, image, argv.clone());
             let id = match self.docker.create_container(Some(options), body).await {
                 Ok(created) => created.id,
-                // The name is taken: by this run (adopted above on the next turn) or another.
-                Err(e) if status_of(&e) == Some(409) => continue,
+                // The name is taken: by this run (adopted) or by another.
+                Err(e) if status_of(&e) == Some(409) => {
+                    if let Some(existing) = self.adopt(run_id).await? {
+                        return Ok(existing);
+                    }
+                    if retried {
+                        return Err(refused(format!(
+                            "the container name {name} is taken by a container that is not this agent's run {run_id}; remove that container or use another run id"
+                        )));
+                    }
+                    retried = true;
+                    continue;
+                }
+                // No such image.
+                Err(e) if status_of(&e) == Some(404) && !pulled => {
+                    self.pull(run_id, image, spec.registry_auth.as_ref())
+                        .await?;
+                    pulled = true;
+                    continue;
+                }
                 Err(e) => return Err(self.engine_error(run_id, "create the container", e)),
             };
+            self.mark_image_used(&image.to_string(), pulled);
             if let Err(e) = self.launch(spec, &name).await {
                 let _ = self.remove(&name).await;
                 return Err(e);
@@ -435,9 +446,6 @@ impl DockerRuntime {
             }
             return Ok(Started::New);
         }
-        Err(refused(format!(
-            "the container name {name} is taken by a container that is not this agent's run {run_id}; remove that container or use another run id"
-        )))
     }
 
     /// The run's container if it exists and ever started; a created, never started one is
