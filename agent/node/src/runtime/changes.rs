@@ -1,5 +1,5 @@
 //! [`Changes`]: runs whose state a runtime learned may have changed on its own (the engine said
-//! a container started or ended, a timeout's timer stopped one), so the agent syncs them at
+//! a container ended, a timeout's timer stopped one), so the agent syncs them at
 //! once instead of at its next watch. The watch stays: a change missed here (the engine's
 //! event stream cut) is still seen there.
 use std::collections::BTreeSet;

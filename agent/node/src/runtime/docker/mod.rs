@@ -10,8 +10,9 @@
 //! running, after an agent restart): at its deadline the engine stops the container with the
 //! run's grace, then kills it. Why a run ended (its timeout, an operator's stop) is the one
 //! thing the engine cannot hold; it is a marker file under this runtime's folder, written
-//! before the stop is asked. The engine's event stream (this agent's containers starting and
-//! dying) and the timers note runs in [`Changes`], so the agent reports them at once.
+//! before the stop is asked. The engine's event stream (this agent's containers dying) and the
+//! timers note runs in [`Changes`], so the agent reports an end at once (a start is reported
+//! from the start's own answer).
 //!
 //! The [`Runtime`] trait is blocking; this runtime owns a one-thread tokio runtime and blocks on
 //! it, so it can be called from any thread (the agent calls it from `spawn_blocking`).
@@ -980,16 +981,13 @@ impl Timers {
     }
 }
 
-/// Notes every start and end of this agent's containers as the engine reports them; a cut
-/// stream is opened again after [`EVENTS_RETRY`] (the agent's watch covers the gap).
+/// Notes every end of this agent's containers as the engine reports it (`die`); a cut stream
+/// is opened again after [`EVENTS_RETRY`] (the agent's watch covers the gap).
 async fn watch_events(docker: Docker, agent: String, changes: Changes) {
     let options = EventsOptions {
         filters: Some(HashMap::from([
             ("type".to_string(), vec!["container".to_string()]),
-            (
-                "event".to_string(),
-                vec!["start".to_string(), "die".to_string()],
-            ),
+            ("event".to_string(), vec!["die".to_string()]),
             ("label".to_string(), vec![format!("{LABEL_AGENT}={agent}")]),
         ])),
         ..Default::default()
