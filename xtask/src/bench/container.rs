@@ -104,8 +104,7 @@ pub fn run() -> Result<()> {
          First run (pulls the image): {first_s:.2} s. Blob GETs at the registry over the {n} repeat \
          runs of ours and the CLI's: {repeat_gets} (a repeat run pulls 0 bytes). Ours includes what \
          the CLI does not: the coordinator's durable row, the dispatch to the node over its \
-         session, the node's durable op and event records, and the status polls of the operator \
-         CLI; the run's end reaches the agent from the engine's event stream, not its watch.\n",
+         session, the node's durable op and event records, and the status polls; the run's end reaches the agent from the engine's event stream, not its watch.\n",
         n = 2 * SAMPLES,
         poll = POLL.as_millis(),
         rr = or / cr,
