@@ -137,8 +137,8 @@ impl Mark {
 impl DockerRuntime {
     /// Connects to the engine at `address`, negotiating the API version. `marks` is this
     /// runtime's own folder; `agent` names the agent whose containers these are (a label), so
-    /// agents sharing an engine never touch each other's runs; runs that start or end are noted
-    /// in `changes` as the engine reports them.
+    /// agents sharing an engine never touch each other's runs; runs that end (as the engine
+    /// reports them, or stopped by their timeout's timer) are noted in `changes`.
     pub fn connect(
         address: &EngineAddress,
         marks: impl Into<PathBuf>,
