@@ -203,6 +203,34 @@ fn inputs_are_in_run_argv_is_exact_and_limits_reach_the_engine() {
 }
 
 #[test]
+fn a_large_input_goes_into_the_container_in_flat_memory() {
+    let containers = Containers::new("big-input");
+    let rt = containers.runtime();
+    engine_version(&rt);
+    let registry = Registry::plain();
+    let workload = Workload::Image(containers.image(&registry, "big/sh", None));
+    let dir = testkit::tempdir();
+    let big = dir.path().join("big.bin");
+    const SIZE: u64 = 256 << 20;
+    std::fs::File::create(&big).unwrap().set_len(SIZE).unwrap();
+    let mut spec = shell("big-1", &workload, "ls -l /run/big.bin > seen");
+    spec.inputs = vec![("big.bin".into(), big)];
+    testkit::reset_peak_rss();
+    let before = testkit::peak_rss_mib(std::process::id());
+    rt.start(&spec).unwrap();
+    let grew = testkit::peak_rss_mib(std::process::id()) - before;
+    let done = wait_for(&rt, "big-1", RunState::Finished);
+    assert_eq!(done.report.outcome.unwrap().exit_code, Some(0));
+    let seen = String::from_utf8(collected(&rt, "big-1", "seen")).unwrap();
+    assert!(seen.contains(&format!(" {SIZE} ")), "{seen}");
+    eprintln!(
+        "the peak RSS grew by {grew} MiB while a {} MiB input went in",
+        SIZE >> 20
+    );
+    assert!(grew < 32, "the peak RSS grew by {grew} MiB");
+}
+
+#[test]
 fn a_duplicate_launch_is_refused_by_the_name() {
     let containers = Containers::new("dup");
     let rt = containers.runtime();
@@ -392,6 +420,53 @@ fn an_image_runs_through_the_coordinator_beside_a_program_and_survives_an_agent_
 }
 
 #[test]
+fn an_end_and_a_timeout_are_reported_as_they_happen_not_at_the_next_watch() {
+    let dir = testkit::tempdir();
+    let path = |name: &str| dir.path().join(name);
+    let registry = Registry::plain();
+    let images = Containers::new("events-images");
+    engine_version(&images.runtime());
+    let image = images.image(&registry, "events/sh", None);
+    // The agent's watch runs every heartbeat: at 30 s, whatever is reported sooner came from
+    // the engine's event stream or the timeout's timer.
+    let coord = Coordinator::start(&path("coord"), &["--heartbeat", "30s", "--lease", "120s"]);
+    std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
+    let agent = Agent::spawn(
+        &path("agent.log"),
+        testkit::agent::machine_command(dir.path()),
+    );
+    assert!(
+        agent.wait_for("session open", 1, Duration::from_secs(30)),
+        "{}",
+        agent.log_text()
+    );
+    let node_id = coord.nodes()[0]["id"].as_str().unwrap().to_string();
+    let _containers = Containers::of_agent(&node_id);
+    let run = |extra: &[&str]| {
+        let mut cmd = coord.command();
+        cmd.args(["run", "--all", "--image", &image]).args(extra);
+        testkit::ok(&mut cmd).trim().to_string()
+    };
+
+    let begun = std::time::Instant::now();
+    let set = run(&["--", "-c", "sleep 1; exit 3"]);
+    let done = wait_row(&coord, &set, |r| r["state"] == "finished");
+    let took = begun.elapsed();
+    assert_eq!(done["outcome"]["exit_code"], 3, "{done:#}");
+    assert!(took < Duration::from_secs(10), "reported after {took:?}");
+
+    let begun = std::time::Instant::now();
+    let set = run(&["--timeout", "1s", "--", "-c", "sleep 60"]);
+    let done = wait_row(&coord, &set, |r| r["state"] == "finished");
+    let took = begun.elapsed();
+    assert_eq!(done["outcome"]["timed_out"], true, "{done:#}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        "reported after {took:?}"
+    );
+}
+
+#[test]
 fn without_an_engine_programs_run_and_images_are_refused_in_one_line() {
     let dir = testkit::tempdir();
     let path = |name: &str| dir.path().join(name);
@@ -530,8 +605,8 @@ fn a_remote_engine_over_mutual_tls_runs_and_each_tls_failure_is_one_line() {
         |cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path| EngineAddress {
             host: Some(engine.host.clone()),
             tls: Some(TlsFiles {
-                cert: cert.to_path_buf(),
-                key: key.to_path_buf(),
+                cert: Some(cert.to_path_buf()),
+                key: Some(key.to_path_buf()),
                 ca: ca.to_path_buf(),
             }),
         };
@@ -546,7 +621,7 @@ fn a_remote_engine_over_mutual_tls_runs_and_each_tls_failure_is_one_line() {
     assert_eq!(collected(&rt, "tls-1", "out"), b"over tls\n");
 
     let refused = |address: EngineAddress| {
-        DockerRuntime::connect(&address, "/nonexistent", "tls")
+        DockerRuntime::connect(&address, "/nonexistent", "tls", Default::default())
             .unwrap_err()
             .to_string()
     };
@@ -555,6 +630,20 @@ fn a_remote_engine_over_mutual_tls_runs_and_each_tls_failure_is_one_line() {
         refused(address(&pki.stranger_cert, &pki.stranger_key, &pki.ca_cert)),
         format!(
             "{at}the engine refused this client's certificate; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts; start the engine or pass --docker-host"
+        )
+    );
+    // No client certificate at all (only --docker-tls-ca), where the engine requires one.
+    assert_eq!(
+        refused(EngineAddress {
+            host: Some(engine.host.clone()),
+            tls: Some(TlsFiles {
+                cert: None,
+                key: None,
+                ca: pki.ca_cert.clone(),
+            }),
+        }),
+        format!(
+            "{at}the engine requires a client certificate and none was given; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts; start the engine or pass --docker-host"
         )
     );
     assert_eq!(
@@ -674,4 +763,40 @@ fn a_timeout_stops_with_the_grace_then_kills_and_observing_never_waits_for_it() 
         slowest < Duration::from_secs(1),
         "a status call took {slowest:?}"
     );
+}
+
+#[test]
+fn an_engine_whose_oldest_api_is_1_44_is_spoken_to_at_its_version() {
+    use fleet_agent::runtime::docker::EngineAddress;
+    use testkit::docker::{Docker29StandIn, STAND_IN_API};
+    // Docker 29 refuses any API older than 1.44; no such engine can run here, so a stand-in
+    // speaks for one in front of the real engine (see `Docker29StandIn`).
+    let engine = Docker29StandIn::start();
+    let containers = Containers::new("api-1-44");
+    let rt = containers.runtime_at(&EngineAddress {
+        host: Some(engine.host.clone()),
+        tls: None,
+    });
+    assert_eq!(engine_version(&rt), "29.0.0 (API 1.44)");
+    assert_eq!(rt.api_version(), STAND_IN_API);
+    let registry = Registry::plain();
+    let workload = Workload::Image(containers.image(&registry, "api/sh", None));
+    rt.start(&shell("api-1", &workload, "echo spoken at 1.44 > out"))
+        .unwrap();
+    let done = wait_for(&rt, "api-1", RunState::Finished);
+    assert_eq!(done.report.outcome.unwrap().exit_code, Some(0));
+    assert_eq!(collected(&rt, "api-1", "out"), b"spoken at 1.44\n");
+    // The negotiation's bare `/version`, then every request at 1.44 (the stand-in refuses
+    // any other version, and a bare path would be served at the engine's newest).
+    let requests = engine.requests();
+    eprintln!(
+        "{} requests through the stand-in: {requests:?}",
+        requests.len()
+    );
+    assert_eq!(requests[0], "GET /version");
+    let other: Vec<_> = requests[1..]
+        .iter()
+        .filter(|r| !r.split(' ').nth(1).unwrap().starts_with("/v1.44/"))
+        .collect();
+    assert!(other.is_empty(), "{other:?}");
 }

@@ -186,18 +186,6 @@ fn sha256(path: &Path) -> String {
     format!("sha256:{}", out.split_whitespace().next().unwrap())
 }
 
-/// A process's peak resident memory (VmHWM), in MiB.
-fn peak_rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kib >> 10
-}
-
 /// Peak memory of both sides stays under this while moving content of any size.
 const FLAT_MIB: u64 = 64;
 
@@ -239,7 +227,10 @@ fn a_large_program_is_staged_by_digest_and_a_second_run_sends_nothing() {
         fleet.coord.log_text()
     );
     let agent = fleet.agent.as_ref().unwrap().pid();
-    let (coord_mib, agent_mib) = (peak_rss_mib(fleet.coord.pid()), peak_rss_mib(agent));
+    let (coord_mib, agent_mib) = (
+        testkit::peak_rss_mib(fleet.coord.pid()),
+        testkit::peak_rss_mib(agent),
+    );
     eprintln!("peak RSS moving {size} bytes: coordinator {coord_mib} MiB, agent {agent_mib} MiB");
     assert!(
         coord_mib < FLAT_MIB && agent_mib < FLAT_MIB,
@@ -307,7 +298,10 @@ fn a_large_collect_streams_and_max_bytes_refuses_with_nothing_at_out() {
         .collect();
     assert_eq!(received.len(), 1, "uploaded once: {received:?}");
     let agent = fleet.agent.as_ref().unwrap().pid();
-    let (coord_mib, agent_mib) = (peak_rss_mib(fleet.coord.pid()), peak_rss_mib(agent));
+    let (coord_mib, agent_mib) = (
+        testkit::peak_rss_mib(fleet.coord.pid()),
+        testkit::peak_rss_mib(agent),
+    );
     assert!(
         coord_mib < FLAT_MIB && agent_mib < FLAT_MIB,
         "memory flat in the size: coordinator {coord_mib} MiB, agent {agent_mib} MiB"

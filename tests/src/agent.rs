@@ -33,7 +33,8 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Starts on a free port with a fast heartbeat (200 ms) and a short lease (2 s), plus `extra` flags.
+    /// Starts on a free port with a fast heartbeat (200 ms) and a short lease (2 s), unless
+    /// `extra` sets them, plus `extra` flags.
     pub fn start(data: &Path, extra: &[&str]) -> Coordinator {
         Coordinator::start_on(data, "127.0.0.1:0", extra)
     }
@@ -59,18 +60,18 @@ impl Coordinator {
             .append(true)
             .open(&self.log)
             .expect("can open the coordinator log");
+        // The fast defaults, unless the test sets its own.
+        let mut defaults = Vec::new();
+        for (flag, value) in [("--heartbeat", "200ms"), ("--lease", "2s")] {
+            if !self.extra.iter().any(|e| e == flag) {
+                defaults.extend([flag, value]);
+            }
+        }
         let mut child = crate::cmd("fleet-coordinator")
             .arg("--data")
             .arg(&self.data)
-            .args([
-                "serve",
-                "--listen",
-                &self.addr,
-                "--heartbeat",
-                "200ms",
-                "--lease",
-                "2s",
-            ])
+            .args(["serve", "--listen", &self.addr])
+            .args(defaults)
             .args(&self.extra)
             .stdout(Stdio::piped())
             .stderr(log)

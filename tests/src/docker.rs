@@ -107,7 +107,7 @@ impl Containers {
     }
 
     pub fn runtime_at(&self, address: &EngineAddress) -> DockerRuntime {
-        DockerRuntime::connect(address, self.marks.path(), &self.agent)
+        DockerRuntime::connect(address, self.marks.path(), &self.agent, Default::default())
             .expect("the local Docker engine answers")
     }
 
@@ -218,4 +218,126 @@ impl Drop for TlsEngine {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A stand-in for a Docker 29 engine, whose oldest API is 1.44, because none can run here (this
+/// machine's engine is 20.10, API 1.41): a loopback HTTP proxy in front of the local engine's
+/// socket that answers `/version` as 29.0.0 with API 1.44 as both its newest and its oldest
+/// version, refuses a request whose path names any other version, as a real engine refuses one
+/// below its minimum or above its maximum (with the engine's own wording), and forwards the rest
+/// with the version taken off the path, so the real engine answers at its own. One request per
+/// connection (`Connection: close`). Every request line is kept.
+pub struct Docker29StandIn {
+    pub host: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// What the stand-in says it supports, newest and oldest alike.
+pub const STAND_IN_API: &str = "1.44";
+
+impl Docker29StandIn {
+    pub fn start() -> Docker29StandIn {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = format!("tcp://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let _ = stand_in_serve(client, &log);
+                });
+            }
+        });
+        Docker29StandIn { host, seen }
+    }
+
+    /// `METHOD TARGET` of every request so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn stand_in_serve(
+    client: std::net::TcpStream,
+    seen: &std::sync::Mutex<Vec<String>>,
+) -> std::io::Result<()> {
+    use std::io::{BufRead, Write};
+    let mut reader = std::io::BufReader::new(client.try_clone()?);
+    let mut request = String::new();
+    reader.read_line(&mut request)?;
+    let mut headers = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" {
+            break;
+        }
+        if !line.to_ascii_lowercase().starts_with("connection:") {
+            headers.push_str(&line);
+        }
+    }
+    let mut parts = request.split_whitespace();
+    let (method, target, proto) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or("HTTP/1.1"),
+    );
+    seen.lock().unwrap().push(format!("{method} {target}"));
+    let (version, path) = match target.strip_prefix("/v").and_then(|t| t.split_once('/')) {
+        Some((v, rest)) if v.contains('.') => (Some(v), format!("/{rest}")),
+        _ => (None, target.to_string()),
+    };
+    let mut out = client.try_clone()?;
+    let answer = |out: &mut std::net::TcpStream, status: &str, body: serde_json::Value| {
+        let body = body.to_string();
+        write!(
+            out,
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    if path == "/version" || path.starts_with("/version?") {
+        return answer(
+            &mut out,
+            "200 OK",
+            serde_json::json!({
+                "Version": "29.0.0",
+                "ApiVersion": STAND_IN_API,
+                "MinAPIVersion": STAND_IN_API,
+                "Os": "linux",
+                "Arch": "amd64",
+            }),
+        );
+    }
+    if let Some(v) = version.filter(|v| *v != STAND_IN_API) {
+        let older = v.split('.').nth(1).and_then(|m| m.parse::<u32>().ok()) < Some(44);
+        let message = if older {
+            format!(
+                "client version {v} is too old. Minimum supported API version is {STAND_IN_API}, please upgrade your client to a newer version"
+            )
+        } else {
+            format!(
+                "client version {v} is too new. Maximum supported API version is {STAND_IN_API}"
+            )
+        };
+        return answer(
+            &mut out,
+            "400 Bad Request",
+            serde_json::json!({ "message": message }),
+        );
+    }
+    let engine = std::os::unix::net::UnixStream::connect("/var/run/docker.sock")?;
+    let mut to_engine = engine.try_clone()?;
+    write!(
+        to_engine,
+        "{method} {path} {proto}\r\n{headers}Connection: close\r\n\r\n"
+    )?;
+    // The request's body (what the reader holds, then the rest), beside the answer.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut reader, &mut to_engine);
+    });
+    let mut from_engine = engine;
+    let _ = std::io::copy(&mut from_engine, &mut out);
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    Ok(())
 }

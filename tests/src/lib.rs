@@ -122,3 +122,21 @@ impl Drop for TinyDisk {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// A process's peak resident memory (VmHWM), in MiB.
+pub fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib >> 10
+}
+
+/// Resets this process's peak resident memory to what it holds now (Linux 4.0 and later), so
+/// [`peak_rss_mib`] measures what follows.
+pub fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("can reset the peak RSS");
+}

@@ -11,9 +11,20 @@ use std::time::{Duration, Instant};
 /// Builds the debug agent, coordinator, supervisor and oci; returns the agent's path (the others
 /// sit beside it).
 pub fn build_debug() -> Result<PathBuf> {
+    build("debug")
+}
+
+/// Like [`build_debug`], in the release profile (what ships).
+pub fn build_release() -> Result<PathBuf> {
+    build("release")
+}
+
+fn build(profile: &str) -> Result<PathBuf> {
     util::run(Command::new("cargo").args([
         "build",
         "--quiet",
+        "--profile",
+        if profile == "debug" { "dev" } else { profile },
         "-p",
         "fleet-agent",
         "-p",
@@ -23,7 +34,7 @@ pub fn build_debug() -> Result<PathBuf> {
         "-p",
         "oci",
     ]))?;
-    Ok(cross::target_dir().join("debug/fleet-agent"))
+    Ok(cross::target_dir().join(profile).join("fleet-agent"))
 }
 
 /// A fresh, empty `target/<name>` folder for one task's files.
@@ -89,6 +100,22 @@ impl Coordinator {
             addr: addr.to_string(),
             proc,
         })
+    }
+
+    /// One request on the serving coordinator's operator socket (`DATA/operator.sock`, a JSON
+    /// line each way), as the `fleet-coordinator` CLI asks it, without starting a process;
+    /// returns what it answered `ok`.
+    pub fn ask(&self, request: &serde_json::Value) -> Result<serde_json::Value> {
+        use std::io::Write;
+        let stream = std::os::unix::net::UnixStream::connect(self.data.join("operator.sock"))?;
+        writeln!(&stream, "{request}")?;
+        let mut line = String::new();
+        BufReader::new(&stream).read_line(&mut line)?;
+        let mut answer: serde_json::Value = serde_json::from_str(&line)?;
+        match answer.get_mut("ok") {
+            Some(ok) => Ok(ok.take()),
+            None => bail!("the coordinator answered {request} with {}", line.trim()),
+        }
     }
 
     /// Runs `fleet-coordinator --data DATA ARGS` (answered through the serving process's socket)

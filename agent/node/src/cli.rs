@@ -57,8 +57,9 @@ pub struct AgentArgs {
     /// The client key for a TLS engine
     #[arg(long, requires_all = ["docker_tls_cert", "docker_tls_ca"])]
     pub docker_tls_key: Option<PathBuf>,
-    /// The only CA the engine's certificate is trusted through
-    #[arg(long, requires_all = ["docker_tls_cert", "docker_tls_key"])]
+    /// The only CA the engine's certificate is trusted through (alone: an engine that asks for
+    /// no client certificate)
+    #[arg(long)]
     pub docker_tls_ca: Option<PathBuf>,
     /// The first wait before a retry; it doubles up to 30 s, with jitter
     #[arg(long, default_value = "250ms", value_parser = duration::parse)]
@@ -69,17 +70,13 @@ impl AgentArgs {
     /// The engine from the flags, else Docker's environment variables.
     pub fn docker(&self) -> EngineAddress {
         let env = EngineAddress::from_env();
-        let tls = match (
-            &self.docker_tls_cert,
-            &self.docker_tls_key,
-            &self.docker_tls_ca,
-        ) {
-            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
+        let tls = match &self.docker_tls_ca {
+            Some(ca) => Some(TlsFiles {
+                cert: self.docker_tls_cert.clone(),
+                key: self.docker_tls_key.clone(),
                 ca: ca.clone(),
             }),
-            _ => env.tls,
+            None => env.tls,
         };
         EngineAddress {
             host: self.docker_host.clone().or(env.host),

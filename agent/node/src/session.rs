@@ -253,6 +253,7 @@ impl Session<'_> {
         // Starts run side by side (their supervisors spawn while the store syncs); a command
         // about a run waits for that run's start, so it never overtakes the start it follows.
         let mut working = Working::default();
+        let changes = self.node.runtime.changes();
         loop {
             tokio::select! {
                 Some(done) = working.tasks.join_next(), if !working.tasks.is_empty() => {
@@ -260,6 +261,11 @@ impl Session<'_> {
                         return ended;
                     }
                     self.spawn_ready(&mut working);
+                }
+                runs = changed(changes.as_ref()) => {
+                    if let Err(ended) = self.sync_changed(writer, &working, runs, &mut sent_up_to).await {
+                        return ended;
+                    }
                 }
                 _ = heartbeat.tick() => {
                     if let Err(e) = protocol::write_msg(writer, &Up::Heartbeat).await {
@@ -403,6 +409,38 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// Syncs the runs the runtime noted as changed (a container that ended), then sends, so
+    /// an end is reported as it happens rather than at the next watch. A run whose start is in
+    /// flight is left to the start's answer, which syncs it.
+    async fn sync_changed<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut W,
+        working: &Working,
+        runs: std::collections::BTreeSet<String>,
+        sent_up_to: &mut u64,
+    ) -> Result<(), Ended> {
+        let runs: Vec<String> = runs
+            .into_iter()
+            .filter(|run| !working.starting.contains(run))
+            .collect();
+        let node = self.node.clone();
+        let errors = blocking(move || {
+            let mut errors = Vec::new();
+            for run in &runs {
+                errors.extend(
+                    crate::runtime::sync_run(&node.store, node.runtime.as_ref(), run)?.errors,
+                );
+            }
+            Ok::<_, crate::state::StateError>(errors)
+        })
+        .await
+        .map_err(Ended::Store)?;
+        for e in errors {
+            tracing::warn!("cannot read a run's state: {e}");
+        }
+        self.send_events(writer, sent_up_to).await
+    }
+
     /// Brings the spool up to date with the runtime (re-adoption and watching), then sends.
     async fn watch<W: AsyncWrite + Unpin>(
         &self,
@@ -459,6 +497,14 @@ fn parse_down(value: serde_json::Value) -> Result<Down, (String, String)> {
         .unwrap_or_default()
         .to_string();
     serde_json::from_value(value).map_err(|e| (op, e.to_string()))
+}
+
+/// The runs the runtime noted as changed; never ready for a runtime that notes none.
+async fn changed(changes: Option<&crate::runtime::Changes>) -> std::collections::BTreeSet<String> {
+    match changes {
+        Some(changes) => changes.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Runs a blocking store call off the async thread; errors come back as one line.

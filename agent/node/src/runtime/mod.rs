@@ -5,12 +5,14 @@
 //! HTTP call to a daemon). Async callers wrap calls in `tokio::task::spawn_blocking`, so the agent's
 //! loop never stalls on a slow disk, and runtimes stay free of any async runtime.
 
+mod changes;
 pub mod docker;
 mod error;
 mod process;
 mod routed;
 mod watch;
 
+pub use changes::Changes;
 pub use docker::DockerRuntime;
 pub use error::RuntimeError;
 pub use fleet_proto::run::{
@@ -127,6 +129,11 @@ pub trait Runtime: Send + Sync {
     }
     /// Every run the runtime holds.
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError>;
+    /// Where the runtime notes runs that changed on their own, as soon as it learns of it;
+    /// `None`: changes are seen only by asking (the agent's watch).
+    fn changes(&self) -> Option<Changes> {
+        None
+    }
     /// Cleans up what the runtime keeps beyond the runs' records, given each run's recorded
     /// state on the node (`None`: no record); returns the runs whose leftovers it removed. The
     /// process runtime's store keeps its own retention, so by default nothing is done.

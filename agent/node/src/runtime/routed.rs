@@ -8,7 +8,8 @@
 //! picked up; until then programs run and images are refused with one line.
 use super::docker::{DockerRuntime, EngineAddress};
 use super::{
-    Collected, ProcessRuntime, RunSpec, RunStatus, Runtime, RuntimeError, Started, Workload,
+    Changes, Collected, ProcessRuntime, RunSpec, RunStatus, Runtime, RuntimeError, Started,
+    Workload,
 };
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,8 @@ pub struct Routed {
     marks: PathBuf,
     agent: String,
     docker: Mutex<Engine>,
+    /// The engine's runtime notes here, whenever it is reached.
+    changes: Changes,
 }
 
 enum Engine {
@@ -43,13 +46,15 @@ impl Routed {
         marks: &Path,
         agent: &str,
     ) -> Routed {
-        let docker = Mutex::new(connect(&address, marks, agent));
+        let changes = Changes::default();
+        let docker = Mutex::new(connect(&address, marks, agent, &changes));
         Routed {
             process,
             address,
             marks: marks.to_path_buf(),
             agent: agent.to_string(),
             docker,
+            changes,
         }
     }
 
@@ -59,7 +64,7 @@ impl Routed {
         if let Engine::Missing { at, .. } = &*engine
             && at.elapsed() >= RETRY
         {
-            *engine = connect(&self.address, &self.marks, &self.agent);
+            *engine = connect(&self.address, &self.marks, &self.agent, &self.changes);
         }
         match &*engine {
             Engine::Ready(docker) => Ok(docker.clone()),
@@ -85,8 +90,8 @@ impl Routed {
     }
 }
 
-fn connect(address: &EngineAddress, marks: &Path, agent: &str) -> Engine {
-    match DockerRuntime::connect(address, marks, agent) {
+fn connect(address: &EngineAddress, marks: &Path, agent: &str, changes: &Changes) -> Engine {
+    match DockerRuntime::connect(address, marks, agent, changes.clone()) {
         Ok(docker) => {
             tracing::info!(engine = %docker.engine_version(), address = %address.describe(), "Docker engine reached; images run as containers");
             Engine::Ready(Arc::new(docker))
@@ -170,6 +175,10 @@ impl Runtime for Routed {
             removed.extend(docker.tidy(record)?);
         }
         Ok(removed)
+    }
+
+    fn changes(&self) -> Option<Changes> {
+        Some(self.changes.clone())
     }
 
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {

@@ -21,11 +21,12 @@ pub struct EngineAddress {
     pub tls: Option<TlsFiles>,
 }
 
-/// The client's certificate and key, and the only CA the server is trusted through.
+/// The client's certificate and key (both or neither: an engine that asks for none), and the
+/// only CA the server is trusted through.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
     pub ca: PathBuf,
 }
 
@@ -39,8 +40,8 @@ impl EngineAddress {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| Path::new(&var("HOME").unwrap_or_default()).join(".docker"));
             TlsFiles {
-                cert: dir.join("cert.pem"),
-                key: dir.join("key.pem"),
+                cert: Some(dir.join("cert.pem")),
+                key: Some(dir.join("key.pem")),
                 ca: dir.join("ca.pem"),
             }
         });
@@ -72,6 +73,7 @@ pub(super) async fn connect(address: &EngineAddress) -> Result<(Docker, String),
             tls_reason(&e, address)
         ))
     })?;
+    let docker = speaking(docker, None);
     let version = docker
         .version()
         .await
@@ -82,6 +84,30 @@ pub(super) async fn connect(address: &EngineAddress) -> Result<(Docker, String),
         version.api_version.unwrap_or_default()
     );
     Ok((docker, described))
+}
+
+/// The client with every request's path at its negotiated API version (`/v1.41/...`), as the
+/// `docker` CLI asks, so the engine answers at that version rather than at its own newest
+/// (bollard sends the path bare), and with `header` on every request when one is given.
+pub(super) fn speaking(
+    docker: Docker,
+    header: Option<(&'static str, http::HeaderValue)>,
+) -> Docker {
+    let prefix = format!("/v{}", docker.client_version());
+    docker.with_request_modifier(move |mut req| {
+        let mut parts = req.uri().clone().into_parts();
+        let path = parts.path_and_query.as_ref().map_or("/", |p| p.as_str());
+        if !path.starts_with(&format!("{prefix}/")) {
+            parts.path_and_query = format!("{prefix}{path}").parse().ok();
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *req.uri_mut() = uri;
+            }
+        }
+        if let Some((name, value)) = &header {
+            req.headers_mut().insert(*name, value.clone());
+        }
+        req
+    })
 }
 
 fn client(address: &EngineAddress) -> Result<Docker, String> {
@@ -153,37 +179,47 @@ fn tls_config(files: &TlsFiles) -> Result<rustls::ClientConfig, String> {
             .add(ca)
             .map_err(|e| format!("--docker-tls-ca {}: {e}", files.ca.display()))?;
     }
-    let chain = certs(&files.cert, "--docker-tls-cert")?;
-    let key_pem = read(&files.key, "--docker-tls-key")?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots);
+    let (cert, key) = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (None, None) => return Ok(config.with_no_client_auth()),
+        _ => {
+            return Err(
+                "--docker-tls-cert and --docker-tls-key go together; pass both or neither".into(),
+            );
+        }
+    };
+    let chain = certs(cert, "--docker-tls-cert")?;
+    let key_pem = read(key, "--docker-tls-key")?;
     let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
         .ok()
         .flatten()
-        .ok_or_else(|| {
-            format!(
-                "--docker-tls-key {} holds no private key",
-                files.key.display()
-            )
-        })?;
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| {
-            format!("--docker-tls-cert and --docker-tls-key do not make a client identity: {e}")
-        })
+        .ok_or_else(|| format!("--docker-tls-key {} holds no private key", key.display()))?;
+    config.with_client_auth_cert(chain, key).map_err(|e| {
+        format!("--docker-tls-cert and --docker-tls-key do not make a client identity: {e}")
+    })
 }
 
-/// A failed first request over TLS, told apart: an untrusted server or a refused client
-/// certificate each name the flag to fix.
+/// A failed first request over TLS, told apart: an untrusted server, a client certificate
+/// missing or refused, each name the flags to fix.
 fn tls_reason(e: &bollard::errors::Error, address: &EngineAddress) -> String {
     let text = format!("{e:?}");
-    if address.tls.is_some() {
+    if let Some(files) = &address.tls {
         if text.contains("UnknownIssuer")
             || text.contains("BadSignature")
             || text.contains("NotValidForName")
         {
             return "the engine's certificate is not trusted through --docker-tls-ca; pass the CA that signed it".into();
+        }
+        if files.cert.is_none()
+            && (text.contains("CertificateRequired") || text.contains("HandshakeFailure"))
+        {
+            return "the engine requires a client certificate and none was given; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts".into();
         }
         if text.contains("CertificateRequired")
             || text.contains("BadCertificate")

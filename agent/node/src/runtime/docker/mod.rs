@@ -6,10 +6,13 @@
 //! in the engine: a restarted agent re-adopts its runs by label. An image is pulled by its exact
 //! digest, once; the registry credential travels only in that one request's `X-Registry-Auth`
 //! header. The engine's init is the container's first process, so an abort ends in 134 and a
-//! kill in 137. A timeout is enforced when the run is observed (status, list): past its
-//! deadline the engine stops the container with the run's grace, then kills it. Why a run ended
-//! (its timeout, an operator's stop) is the one thing the engine cannot hold; it is a marker
-//! file under this runtime's folder, written before the stop is asked.
+//! kill in 137. A timeout is enforced by a timer set when the run starts (or is first observed
+//! running, after an agent restart): at its deadline the engine stops the container with the
+//! run's grace, then kills it. Why a run ended (its timeout, an operator's stop) is the one
+//! thing the engine cannot hold; it is a marker file under this runtime's folder, written
+//! before the stop is asked. The engine's event stream (this agent's containers dying) and the
+//! timers note runs in [`Changes`], so the agent reports an end at once (a start is reported
+//! from the start's own answer).
 //!
 //! The [`Runtime`] trait is blocking; this runtime owns a one-thread tokio runtime and blocks on
 //! it, so it can be called from any thread (the agent calls it from `spawn_blocking`).
@@ -20,8 +23,8 @@ mod time;
 pub use engine::{EngineAddress, TlsFiles};
 
 use super::{
-    Collected, Outcome, RunReport, RunSpec, RunState, RunStatus, Runtime, RuntimeError, Started,
-    Workload,
+    Changes, Collected, Outcome, RunReport, RunSpec, RunState, RunStatus, Runtime, RuntimeError,
+    Started, Workload,
 };
 use bollard::Docker;
 use bollard::errors::Error as ApiError;
@@ -30,15 +33,15 @@ use bollard::models::{
     HostConfig,
 };
 use bollard::query_parameters::{
-    CreateContainerOptions, CreateImageOptions, ListContainersOptions, LogsOptions,
+    CreateContainerOptions, CreateImageOptions, EventsOptions, ListContainersOptions, LogsOptions,
     RemoveContainerOptions, StopContainerOptions, UploadToContainerOptions,
 };
 use fleet_proto::run::{Gpus, ImageRef, OutputEnd, RegistryAuth};
 use futures_util::StreamExt;
 use sha2::Digest as _;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The label holding a container's run id; every container of this project carries it.
@@ -55,6 +58,8 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// How long a pull may go without a progress message before it is abandoned.
 pub const DEFAULT_PULL_STALL: Duration = Duration::from_secs(60);
 const NAME: &str = "docker";
+/// The pause before the engine's event stream is opened again once it was cut.
+const EVENTS_RETRY: Duration = Duration::from_secs(1);
 
 /// A run's container name: the engine refuses a second container of one name, which makes the
 /// name the run's claim.
@@ -76,8 +81,7 @@ pub struct DockerRuntime {
     engine_version: String,
     /// Final runs never change again: their status is read once.
     finished: Mutex<HashMap<String, RunStatus>>,
-    /// Runs past their timeout whose stop was asked for by this process.
-    timing_out: Mutex<std::collections::HashSet<String>>,
+    timers: Arc<Timers>,
 }
 
 impl std::fmt::Debug for DockerRuntime {
@@ -133,11 +137,13 @@ impl Mark {
 impl DockerRuntime {
     /// Connects to the engine at `address`, negotiating the API version. `marks` is this
     /// runtime's own folder; `agent` names the agent whose containers these are (a label), so
-    /// agents sharing an engine never touch each other's runs.
+    /// agents sharing an engine never touch each other's runs; runs that end (as the engine
+    /// reports them, or stopped by their timeout's timer) are noted in `changes`.
     pub fn connect(
         address: &EngineAddress,
         marks: impl Into<PathBuf>,
         agent: &str,
+        changes: Changes,
     ) -> Result<DockerRuntime, RuntimeError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -152,17 +158,29 @@ impl DockerRuntime {
             let _entered = rt.enter();
             rt.block_on(engine::connect(address))?
         };
+        rt.spawn(watch_events(
+            docker.clone(),
+            agent.to_string(),
+            changes.clone(),
+        ));
+        let marks = marks.into();
+        let timers = Arc::new(Timers {
+            docker: docker.clone(),
+            marks: marks.clone(),
+            changes,
+            armed: Mutex::new(HashSet::new()),
+        });
         Ok(DockerRuntime {
             docker,
             rt: Some(rt),
-            marks: marks.into(),
+            marks,
             agent: agent.to_string(),
             pull_stall: DEFAULT_PULL_STALL,
             tidy: Tidy::default(),
             last_tidy: Mutex::new(None),
             engine_version,
             finished: Mutex::new(HashMap::new()),
-            timing_out: Mutex::new(Default::default()),
+            timers,
         })
     }
 
@@ -189,8 +207,14 @@ impl DockerRuntime {
         &self.engine_version
     }
 
+    /// The API version this client speaks with the engine: the engine's own when it is older
+    /// than the client's newest (negotiated at connect).
+    pub fn api_version(&self) -> String {
+        self.docker.client_version().to_string()
+    }
+
     fn mark_path(&self, run_id: &str, mark: Mark) -> PathBuf {
-        self.marks.join(format!("{run_id}.{}", mark.file()))
+        mark_path(&self.marks, run_id, mark)
     }
 
     /// The file recording that this runtime pulled `image`; its time is the image's last start.
@@ -218,16 +242,7 @@ impl DockerRuntime {
     }
 
     fn set_mark(&self, run_id: &str, mark: Mark) -> Result<(), RuntimeError> {
-        let path = self.mark_path(run_id, mark);
-        std::fs::create_dir_all(&self.marks)
-            .and_then(|()| std::fs::write(&path, b""))
-            .map_err(|e| RuntimeError::Refused {
-                run_id: run_id.to_string(),
-                reason: format!(
-                    "cannot record why the run ends in {}: {e}; check the agent's state folder",
-                    path.display()
-                ),
-            })
+        set_mark(&self.marks, run_id, mark)
     }
 
     /// The run's container, if this agent has one by that name.
@@ -262,19 +277,14 @@ impl DockerRuntime {
         }
     }
 
-    /// Pulls `image` unless the engine has it; a stalled pull is abandoned.
-    async fn ensure_image(
+    /// Pulls `image`; a stalled pull is abandoned.
+    async fn pull(
         &self,
         run_id: &str,
         image: &ImageRef,
         auth: Option<&RegistryAuth>,
-    ) -> Result<bool, RuntimeError> {
+    ) -> Result<(), RuntimeError> {
         let reference = image.to_string();
-        match self.docker.inspect_image(&reference).await {
-            Ok(_) => return Ok(false),
-            Err(e) if status_of(&e) == Some(404) => {}
-            Err(e) => return Err(self.engine_error(run_id, "look up the image", e)),
-        }
         let refused = |reason: String| RuntimeError::Refused {
             run_id: run_id.to_string(),
             reason,
@@ -284,13 +294,10 @@ impl DockerRuntime {
         // client used for this one request, gone with it.
         let docker = match auth {
             None => self.docker.clone(),
-            Some(auth) => {
-                let header = registry_auth_header(auth, &image.host);
-                self.docker.clone().with_request_modifier(move |mut req| {
-                    req.headers_mut().insert("X-Registry-Auth", header.clone());
-                    req
-                })
-            }
+            Some(auth) => engine::speaking(
+                self.docker.clone(),
+                Some(("X-Registry-Auth", registry_auth_header(auth, &image.host))),
+            ),
         };
         let options = CreateImageOptions {
             from_image: Some(reference.clone()),
@@ -306,7 +313,7 @@ impl DockerRuntime {
                         image.host
                     )));
                 }
-                Ok(None) => return Ok(true),
+                Ok(None) => return Ok(()),
                 Ok(Some(Ok(_))) => {}
                 Ok(Some(Err(e))) => {
                     let hint = if auth.is_some() {
@@ -392,36 +399,54 @@ impl DockerRuntime {
             run_id: run_id.to_string(),
             reason,
         };
-        // Twice at most: a container created but never started (the agent died between the
-        // two) is removed and made again, since its inputs may be missing.
-        for _ in 0..2 {
-            if let Some(existing) = self.adopt(run_id).await? {
-                return Ok(existing);
-            }
-            let pulled = self
-                .ensure_image(run_id, image, spec.registry_auth.as_ref())
-                .await?;
-            self.mark_image_used(&image.to_string(), pulled);
+        // The create is asked first, as the `docker` CLI does: a container of this name (a
+        // redelivered start) and a missing image are learned from its refusal, so the start of
+        // a present image is two requests. At most one pull, and one retry after a container
+        // created but never started (the agent died between the two) is removed, since its
+        // inputs may be missing.
+        let (mut pulled, mut retried) = (false, false);
+        loop {
             let options = CreateContainerOptions {
                 name: Some(name.clone()),
                 ..Default::default()
             };
             let body = self.create_body(spec, image, argv.clone());
-            match self.docker.create_container(Some(options), body).await {
-                Ok(_) => {}
-                // The name is taken: by this run (adopted above on the next turn) or another.
-                Err(e) if status_of(&e) == Some(409) => continue,
+            let id = match self.docker.create_container(Some(options), body).await {
+                Ok(created) => created.id,
+                // The name is taken: by this run (adopted) or by another.
+                Err(e) if status_of(&e) == Some(409) => {
+                    if let Some(existing) = self.adopt(run_id).await? {
+                        return Ok(existing);
+                    }
+                    if retried {
+                        return Err(refused(format!(
+                            "the container name {name} is taken by a container that is not this agent's run {run_id}; remove that container or use another run id"
+                        )));
+                    }
+                    retried = true;
+                    continue;
+                }
+                // No such image.
+                Err(e) if status_of(&e) == Some(404) && !pulled => {
+                    self.pull(run_id, image, spec.registry_auth.as_ref())
+                        .await?;
+                    pulled = true;
+                    continue;
+                }
                 Err(e) => return Err(self.engine_error(run_id, "create the container", e)),
-            }
+            };
+            self.mark_image_used(&image.to_string(), pulled);
             if let Err(e) = self.launch(spec, &name).await {
                 let _ = self.remove(&name).await;
                 return Err(e);
             }
+            // Set from now, a little after the engine's start: never early.
+            if let Some(timeout) = spec.timeout {
+                let grace = spec.grace.unwrap_or(DEFAULT_GRACE);
+                self.timers.arm(run_id, &id, grace, timeout);
+            }
             return Ok(Started::New);
         }
-        Err(refused(format!(
-            "the container name {name} is taken by a container that is not this agent's run {run_id}; remove that container or use another run id"
-        )))
     }
 
     /// The run's container if it exists and ever started; a created, never started one is
@@ -452,18 +477,32 @@ impl DockerRuntime {
     async fn launch(&self, spec: &RunSpec, name: &str) -> Result<(), RuntimeError> {
         let run_id = spec.run_id.as_str();
         if !spec.inputs.is_empty() {
-            let tar = inputs_tar(&spec.inputs).map_err(|e| RuntimeError::Refused {
+            let unreadable = |e: std::io::Error| RuntimeError::Refused {
                 run_id: run_id.to_string(),
                 reason: format!("cannot read the inputs: {e}"),
-            })?;
+            };
+            let (tar, writing) = inputs_tar(&spec.inputs).map_err(unreadable)?;
             let options = UploadToContainerOptions {
                 path: "/".into(),
                 ..Default::default()
             };
-            self.docker
-                .upload_to_container(name, Some(options), bollard::body_full(tar.into()))
+            let uploaded = self
+                .docker
+                .upload_to_container(name, Some(options), bollard::body_try_stream(tar))
+                .await;
+            let written = writing
                 .await
-                .map_err(|e| self.engine_error(run_id, "copy the inputs into /run", e))?;
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            match (uploaded, written) {
+                // A closed pipe is the writer seeing the upload end; the upload says why.
+                (_, Err(e)) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(unreadable(e));
+                }
+                (Err(e), _) => {
+                    return Err(self.engine_error(run_id, "copy the inputs into /run", e));
+                }
+                (Ok(()), _) => {}
+            }
         }
         match self.docker.start_container(name, None).await {
             Ok(()) => Ok(()),
@@ -489,12 +528,13 @@ impl DockerRuntime {
         mark: Mark,
     ) -> Result<(), RuntimeError> {
         self.set_mark(run_id, mark)?;
-        stop_with_grace(&self.docker, run_id, info)
+        stop_with_grace(&self.docker, &container_name(run_id), grace_of(info))
             .await
             .map_err(|e| self.engine_error(run_id, "stop the container", e))
     }
 
-    /// The run as the engine has it now; a run past its timeout is stopped first.
+    /// The run as the engine has it now; a running run with a timeout gets its timer (one
+    /// adopted after a restart), which stops it at once when it is past its deadline.
     async fn observe(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
         if let Some(done) = self.finished.lock().expect("not poisoned").get(run_id) {
             return Ok(done.clone());
@@ -504,22 +544,9 @@ impl DockerRuntime {
         };
         let info = self.inspect(run_id).await?.ok_or_else(unknown)?;
         if is_running(&info)
-            && past_deadline(&info)
-            && self
-                .timing_out
-                .lock()
-                .expect("not poisoned")
-                .insert(run_id.to_string())
+            && let (Some(left), Some(id)) = (time_left(&info), info.id.as_deref())
         {
-            // The stop waits out the grace in the engine; it runs on this client's own thread,
-            // so whoever observes (the agent's watch, beside its heartbeats) never waits for it.
-            self.set_mark(run_id, Mark::TimedOut)?;
-            let (docker, run, stopping) = (self.docker.clone(), run_id.to_string(), info.clone());
-            self.rt().spawn(async move {
-                if let Err(e) = stop_with_grace(&docker, &run, &stopping).await {
-                    tracing::warn!(run_id = %run, "cannot stop the timed-out container: {}", describe(&e));
-                }
-            });
+            self.timers.arm(run_id, id, grace_of(&info), left);
         }
         let status = self.status_from(run_id, &info).await?;
         if status.state.is_final() {
@@ -645,7 +672,11 @@ impl DockerRuntime {
             let _ = std::fs::remove_file(self.mark_path(run_id, mark));
         }
         self.finished.lock().expect("not poisoned").remove(run_id);
-        self.timing_out.lock().expect("not poisoned").remove(run_id);
+        self.timers
+            .armed
+            .lock()
+            .expect("not poisoned")
+            .remove(run_id);
         Ok(())
     }
 
@@ -860,45 +891,134 @@ impl Runtime for DockerRuntime {
     }
 }
 
-/// The engine's stop with the run's grace: SIGTERM, then a kill once the grace is out; returns
-/// once the container has ended. Stopping a stopped container is no error.
+/// The engine's stop: SIGTERM, then a kill once `grace` is out; returns once the container
+/// has ended. Stopping a stopped container is no error.
 async fn stop_with_grace(
     docker: &Docker,
-    run_id: &str,
-    info: &ContainerInspectResponse,
+    container: &str,
+    grace: Duration,
 ) -> Result<(), ApiError> {
-    let grace = label(info, LABEL_GRACE_MS)
-        .map(Duration::from_millis)
-        .unwrap_or(DEFAULT_GRACE);
     let options = StopContainerOptions {
         t: Some(grace.as_secs_f64().ceil() as i32),
         ..Default::default()
     };
-    match docker
-        .stop_container(&container_name(run_id), Some(options))
-        .await
-    {
+    match docker.stop_container(container, Some(options)).await {
         Err(e) if status_of(&e) == Some(304) => Ok(()),
         other => other,
     }
+}
+
+/// The run's grace, from its label.
+fn grace_of(info: &ContainerInspectResponse) -> Duration {
+    label(info, LABEL_GRACE_MS)
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_GRACE)
 }
 
 fn is_running(info: &ContainerInspectResponse) -> bool {
     info.state.as_ref().and_then(|s| s.running) == Some(true)
 }
 
-/// Whether a running container has outlived its timeout label, by the engine's start time.
-fn past_deadline(info: &ContainerInspectResponse) -> bool {
-    let Some(timeout) = label(info, LABEL_TIMEOUT_MS) else {
-        return false;
+/// What is left of a running container's timeout (zero once past it), by the engine's start
+/// time; `None` without a timeout.
+fn time_left(info: &ContainerInspectResponse) -> Option<Duration> {
+    let timeout = Duration::from_millis(label(info, LABEL_TIMEOUT_MS)?);
+    let started = info.state.as_ref()?.started_at.as_deref()?;
+    let ran = std::time::SystemTime::now()
+        .duration_since(time::parse_rfc3339(started)?)
+        .unwrap_or_default();
+    Some(timeout.saturating_sub(ran))
+}
+
+/// Timeouts enforced at their deadline by a timer on the client's own thread, so a run ends on
+/// time whoever observes it, and whoever observes (the agent's watch, beside its heartbeats)
+/// never waits for a stop's grace.
+struct Timers {
+    docker: Docker,
+    marks: PathBuf,
+    changes: Changes,
+    /// Runs whose timer is set: at most one each.
+    armed: Mutex<HashSet<String>>,
+}
+
+impl Timers {
+    /// Once per run: in `left`, the container `id`, if still running, is stopped with `grace`,
+    /// its timeout recorded first; then the run is noted as changed.
+    fn arm(self: &Arc<Self>, run_id: &str, id: &str, grace: Duration, left: Duration) {
+        if !self
+            .armed
+            .lock()
+            .expect("not poisoned")
+            .insert(run_id.to_string())
+        {
+            return;
+        }
+        let (timers, run, id) = (self.clone(), run_id.to_string(), id.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(left).await;
+            if let Err(e) = timers.expire(&run, &id, grace).await {
+                tracing::warn!(run_id = %run, "cannot stop the timed-out container: {e}");
+            }
+            timers.changes.note(&run);
+        });
+    }
+
+    async fn expire(&self, run_id: &str, id: &str, grace: Duration) -> Result<(), String> {
+        match self.docker.inspect_container(id, None).await {
+            Ok(info) if is_running(&info) => {}
+            // It ended on its own, or is gone.
+            Ok(_) => return Ok(()),
+            Err(e) if status_of(&e) == Some(404) => return Ok(()),
+            Err(e) => return Err(describe(&e)),
+        }
+        // The stop goes ahead even if the reason cannot be recorded: the timeout is the promise.
+        if let Err(e) = set_mark(&self.marks, run_id, Mark::TimedOut) {
+            tracing::warn!("{e}");
+        }
+        stop_with_grace(&self.docker, id, grace)
+            .await
+            .map_err(|e| describe(&e))
+    }
+}
+
+/// Notes every end of this agent's containers as the engine reports it (`die`); a cut stream
+/// is opened again after [`EVENTS_RETRY`] (the agent's watch covers the gap).
+async fn watch_events(docker: Docker, agent: String, changes: Changes) {
+    let options = EventsOptions {
+        filters: Some(HashMap::from([
+            ("type".to_string(), vec!["container".to_string()]),
+            ("event".to_string(), vec!["die".to_string()]),
+            ("label".to_string(), vec![format!("{LABEL_AGENT}={agent}")]),
+        ])),
+        ..Default::default()
     };
-    let started = info.state.as_ref().and_then(|s| s.started_at.as_deref());
-    let Some(started) = started.and_then(time::parse_rfc3339) else {
-        return false;
-    };
-    std::time::SystemTime::now()
-        .duration_since(started)
-        .is_ok_and(|ran| ran >= Duration::from_millis(timeout))
+    loop {
+        let mut events = docker.events(Some(options.clone()));
+        while let Some(Ok(event)) = events.next().await {
+            let attributes = event.actor.and_then(|a| a.attributes);
+            if let Some(run_id) = attributes.as_ref().and_then(|a| a.get(LABEL_RUN)) {
+                changes.note(run_id);
+            }
+        }
+        tokio::time::sleep(EVENTS_RETRY).await;
+    }
+}
+
+fn mark_path(marks: &Path, run_id: &str, mark: Mark) -> PathBuf {
+    marks.join(format!("{run_id}.{}", mark.file()))
+}
+
+fn set_mark(marks: &Path, run_id: &str, mark: Mark) -> Result<(), RuntimeError> {
+    let path = mark_path(marks, run_id, mark);
+    std::fs::create_dir_all(marks)
+        .and_then(|()| std::fs::write(&path, b""))
+        .map_err(|e| RuntimeError::Refused {
+            run_id: run_id.to_string(),
+            reason: format!(
+                "cannot record why the run ends in {}: {e}; check the agent's state folder",
+                path.display()
+            ),
+        })
 }
 
 fn label(info: &ContainerInspectResponse, name: &str) -> Option<u64> {
@@ -938,22 +1058,88 @@ fn registry_auth_header(auth: &RegistryAuth, host: &str) -> http::HeaderValue {
     value
 }
 
-/// The inputs as a tar of `run/NAME` entries, unpacked at the container's root.
-fn inputs_tar(inputs: &[(String, PathBuf)]) -> std::io::Result<Vec<u8>> {
-    let mut tar = tar::Builder::new(Vec::new());
+/// The size of the chunks the inputs' tar is sent in; a few are in flight at most.
+const TAR_CHUNK: usize = 64 << 10;
+
+/// The inputs as a tar of `run/NAME` entries (unpacked at the container's root), written by a
+/// blocking task into a stream of a few [`TAR_CHUNK`]s in flight, so memory stays flat
+/// whatever their size. Every file is opened first: a missing one is refused before anything
+/// is sent. The task's result says whether the whole tar was written.
+fn inputs_tar(
+    inputs: &[(String, PathBuf)],
+) -> std::io::Result<(
+    impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let files = inputs
+        .iter()
+        .map(|(name, path)| {
+            let named = |e: std::io::Error| {
+                std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+            };
+            let file = std::fs::File::open(path).map_err(named)?;
+            let size = file.metadata().map_err(named)?.len();
+            Ok((name.clone(), path.clone(), file, size))
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let (chunks, body) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    let failed = chunks.clone();
+    let writing = tokio::task::spawn_blocking(move || {
+        let written = write_inputs(files, ChunkSender(chunks));
+        if let Err(e) = &written {
+            // Ends the request with an error, so the engine never unpacks a cut tar.
+            let _ = failed.blocking_send(Err(std::io::Error::new(e.kind(), e.to_string())));
+        }
+        written
+    });
+    let body = futures_util::stream::unfold(body, |mut body| async move {
+        body.recv().await.map(|chunk| (chunk, body))
+    });
+    Ok((body, writing))
+}
+
+fn write_inputs(
+    files: Vec<(String, PathBuf, std::fs::File, u64)>,
+    sink: ChunkSender,
+) -> std::io::Result<()> {
+    use std::io::{Read as _, Write as _};
+    let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(TAR_CHUNK, sink));
     let mut dir = tar::Header::new_gnu();
     dir.set_entry_type(tar::EntryType::Directory);
     dir.set_mode(0o755);
     dir.set_size(0);
     tar.append_data(&mut dir, "run/", std::io::empty())?;
-    for (name, file) in inputs {
-        let bytes = std::fs::read(file)?;
+    for (name, path, file, size) in files {
         let mut header = tar::Header::new_gnu();
         header.set_mode(0o644);
-        header.set_size(bytes.len() as u64);
-        tar.append_data(&mut header, format!("run/{name}"), bytes.as_slice())?;
+        header.set_size(size);
+        let mut data = file.take(size);
+        tar.append_data(&mut header, format!("run/{name}"), &mut data)?;
+        if data.limit() > 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{} shrank while it was being sent", path.display()),
+            ));
+        }
     }
-    tar.into_inner()
+    tar.into_inner()?.flush()
+}
+
+/// A writer into the upload's stream of chunks; a closed stream (the upload ended) is a broken
+/// pipe.
+struct ChunkSender(tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>);
+
+impl std::io::Write for ChunkSender {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(bytes::Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the upload ended"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// One output stream being read: counted and hashed in full, its last KiB kept.

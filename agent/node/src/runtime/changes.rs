@@ -1,0 +1,72 @@
+//! [`Changes`]: runs whose state a runtime learned may have changed on its own (the engine said
+//! a container ended, a timeout's timer stopped one), so the agent syncs them at
+//! once instead of at its next watch. The watch stays: a change missed here (the engine's
+//! event stream cut) is still seen there.
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+/// Shared between a runtime (which notes) and the agent's session (which takes); cloning it
+/// shares it.
+#[derive(Clone, Default)]
+pub struct Changes(Arc<Inner>);
+
+#[derive(Default)]
+struct Inner {
+    runs: Mutex<BTreeSet<String>>,
+    noted: tokio::sync::Notify,
+}
+
+impl Changes {
+    /// Notes that `run_id` may have changed; never blocks.
+    pub fn note(&self, run_id: &str) {
+        self.0
+            .runs
+            .lock()
+            .expect("not poisoned")
+            .insert(run_id.to_string());
+        self.0.noted.notify_one();
+    }
+
+    /// The runs noted since the last call, waiting for one if there is none. Cancel-safe: what
+    /// it takes, it returns in the same poll.
+    pub async fn next(&self) -> BTreeSet<String> {
+        loop {
+            let runs = std::mem::take(&mut *self.0.runs.lock().expect("not poisoned"));
+            if !runs.is_empty() {
+                return runs;
+            }
+            // A note between the take and here leaves a permit, so it is not missed.
+            self.0.noted.notified().await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Changes").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_note_before_the_wait_is_not_lost_and_each_run_comes_once() {
+        let changes = Changes::default();
+        changes.note("a");
+        changes.note("b");
+        changes.note("a");
+        assert_eq!(
+            changes.next().await,
+            BTreeSet::from(["a".into(), "b".into()])
+        );
+        let waiting = tokio::spawn({
+            let changes = changes.clone();
+            async move { changes.next().await }
+        });
+        tokio::task::yield_now().await;
+        changes.note("c");
+        assert_eq!(waiting.await.unwrap(), BTreeSet::from(["c".into()]));
+    }
+}
