@@ -115,7 +115,14 @@ impl Cluster {
                 "SELECT xact_commit FROM pg_stat_database WHERE datname = 'fleet'",
             ])
             .output()?;
-        Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim().parse().with_context(|| {
+            format!(
+                "psql read no commit count ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
     }
 }
 
