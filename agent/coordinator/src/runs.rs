@@ -110,11 +110,13 @@ impl From<RunRow> for RunView {
     }
 }
 
-/// A file collected from a run: in the blob store under `digest`.
+/// A file collected from a run: checked against `digest` as it landed, it waits at
+/// [`fleet_proto::content::Blobs::collected`] for `upload` until the CLI moves it to `--out`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Collected {
     pub digest: Digest,
     pub size: u64,
+    pub upload: String,
 }
 
 /// A node answered with a reply of another command: a protocol mismatch between versions.
@@ -139,7 +141,13 @@ pub struct Live {
     pub credentials: Mutex<HashMap<String, RegistryAuth>>,
     /// Artifact tickets minted and not yet used: ticket -> what it reads; memory only.
     pub tickets: Mutex<HashMap<String, Ticket>>,
+    /// Collects under way: upload name -> the node that may send it, and a lock held while a
+    /// try is received (a resumed try waits for the cut one to finish); memory only.
+    pub uploads: Mutex<HashMap<String, (String, UploadLock)>>,
 }
+
+/// Held while one try of an upload is received.
+pub type UploadLock = std::sync::Arc<tokio::sync::Mutex<()>>;
 
 /// What a ticket lets one node read once, until when.
 #[derive(Debug, Clone)]
@@ -186,6 +194,7 @@ impl Default for Live {
             serving: Default::default(),
             credentials: Default::default(),
             tickets: Default::default(),
+            uploads: Default::default(),
         }
     }
 }
@@ -340,17 +349,30 @@ impl Coordinator {
         max_bytes: Option<u64>,
     ) -> Result<Collected, CoordinatorError> {
         let row = self.known_run(run)?;
+        let mut raw = [0u8; 16];
+        rand::thread_rng().fill_bytes(&mut raw);
+        let upload = hex::encode(raw);
+        let uploads = &self.live.uploads;
+        (uploads.lock().expect("uploads"))
+            .insert(upload.clone(), (row.node_id.clone(), Default::default()));
         let command = Command::Collect {
             run_id: run.to_string(),
             path: path.to_string(),
+            upload: upload.clone(),
             max_bytes,
         };
-        match self.call_node(&row.node_id, "collect", command).await? {
-            Reply::Collected { digest, size } if self.blobs.has(&digest) => {
-                Ok(Collected { digest, size })
+        let answer = self.call_node(&row.node_id, "collect", command).await;
+        (uploads.lock().expect("uploads")).remove(&upload);
+        match answer? {
+            Reply::Collected { digest, size } if self.blobs.collected(&upload).is_file() => {
+                Ok(Collected {
+                    digest,
+                    size,
+                    upload,
+                })
             }
             Reply::Collected { digest, .. } => Err(CoordinatorError::Request(format!(
-                "node {} reported {path} uploaded as {digest}, but the blob store has no such blob; collect it again",
+                "node {} reported {path} uploaded as {digest}, but the coordinator holds no such upload; collect it again",
                 row.node_id
             ))),
             other => Err(unexpected(&row, "collect", &other)),
@@ -438,6 +460,16 @@ impl Coordinator {
             other => Err(CoordinatorError::Request(format!(
                 "node {node_id} answered replicate with {other:?}; run an agent of this coordinator's version"
             ))),
+        }
+    }
+
+    /// Whether `upload` names a collect under way that `node_id` was asked to send; its lock.
+    pub fn upload_expected(&self, upload: &str, node_id: &str) -> Result<UploadLock, String> {
+        match (self.live.uploads.lock().expect("uploads")).get(upload) {
+            Some((node, lock)) if node == node_id => Ok(lock.clone()),
+            _ => Err(format!(
+                "no collect under way expects upload {upload} from this node; collect it again"
+            )),
         }
     }
 

@@ -184,12 +184,24 @@ async fn handle_tls(
         }
         Up::Upload {
             node_id,
+            upload,
             digest,
             size,
         } => {
             known_node(coordinator, &cert, &node_id).await?;
+            let lock = match coordinator.upload_expected(&upload, &node_id) {
+                Ok(lock) => lock,
+                Err(message) => {
+                    let refused = Down::ContentRefused {
+                        message: message.clone(),
+                    };
+                    let _ = protocol::write_msg(&mut stream, &refused).await;
+                    return Err(message);
+                }
+            };
+            let _one_try_at_a_time = lock.lock().await;
             coordinator
-                .receive_content(&mut stream, &node_id, &digest, size)
+                .receive_content(&mut stream, &node_id, &upload, &digest, size)
                 .await
         }
         _ => Err("a first message that is neither join, hello, fetch nor upload".into()),

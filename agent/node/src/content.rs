@@ -11,7 +11,7 @@ use sha2::Sha256;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncSeekExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -64,19 +64,22 @@ impl ContentLink {
         .await
     }
 
-    /// Sends `file` (of `size` bytes, hashing to `digest`) to the coordinator's blob store.
+    /// Sends `file` (its first `size` bytes, hashing to `digest`) as the collect the
+    /// coordinator named `upload`; a cut connection resumes from what the coordinator holds.
     pub async fn upload(
         &self,
-        file: &Path,
+        file: &std::fs::File,
+        upload: &str,
         digest: &Digest,
         size: u64,
     ) -> Result<(), ContentError> {
-        retrying(digest, || self.upload_once(file, digest, size)).await
+        retrying(digest, || self.upload_once(file, upload, digest, size)).await
     }
 
     async fn upload_once(
         &self,
-        file: &Path,
+        file: &std::fs::File,
+        upload: &str,
         digest: &Digest,
         size: u64,
     ) -> Result<(), ContentError> {
@@ -84,29 +87,41 @@ impl ContentLink {
             digest: digest.clone(),
             reason,
         };
-        let mut source = tokio::fs::File::open(file)
-            .await
-            .map_err(|e| failed(format!("cannot read {} ({e})", file.display())))?;
         let mut stream = self
             .open(
                 digest,
                 Up::Upload {
                     node_id: self.node_id.clone(),
+                    upload: upload.to_string(),
                     digest: digest.clone(),
                     size,
                 },
             )
             .await?;
-        // The coordinator checks what it receives: no hash here.
-        match content::stream_exact(&mut source, &mut stream, size, None).await {
+        let offset = match self.answer(digest, &mut stream).await? {
+            Down::UploadFrom { offset } if offset <= size => offset,
+            other => return Err(unexpected(digest, &other)),
+        };
+        let mut source = tokio::fs::File::from_std(
+            file.try_clone()
+                .map_err(|e| failed(format!("cannot read the collected file ({e})")))?,
+        );
+        source
+            .seek(std::io::SeekFrom::Start(offset))
+            .await
+            .map_err(|e| failed(format!("cannot read the collected file ({e})")))?;
+        // The coordinator checks what it receives against the digest: no hash here.
+        match content::stream_exact(&mut source, &mut stream, size - offset, None).await {
             Streamed::Done => {}
             Streamed::Cut { cause, .. } => {
-                return Err(failed(format!("cannot read {} ({cause})", file.display())));
+                return Err(failed(format!(
+                    "cannot read the collected file ({cause}); collect it again"
+                )));
             }
             Streamed::Write { got, cause } => {
                 return Err(ContentError::Cut {
                     digest: digest.clone(),
-                    got,
+                    got: offset + got,
                     size,
                     cause: cause.to_string(),
                 });

@@ -10,6 +10,7 @@ use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, 
 use fleet_proto::run::Workload;
 use serde_json::json;
 use std::ffi::OsString;
+use std::io::Read;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,7 +42,15 @@ pub struct Node {
     artifacts: Option<(Blobs, Arc<LinkMeter>)>,
     /// A lock per digest being fetched.
     fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::Mutex<()>>>>,
+    /// When the content was last pruned.
+    pruned_at: std::sync::Mutex<Option<Instant>>,
 }
+
+/// Content no run record refers to is removed once untouched this long: the grace covers a
+/// staged program whose run has not started yet, and a start between its fetch and its record.
+pub const CONTENT_GRACE: Duration = Duration::from_secs(600);
+/// How often the content is looked over for what to prune.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 impl Node {
     pub fn open(state: &Path, runtime: Arc<dyn Runtime>) -> Result<Node, StateError> {
@@ -56,6 +65,7 @@ impl Node {
             content: None,
             artifacts: None,
             fetching: Default::default(),
+            pruned_at: Default::default(),
         })
     }
 
@@ -125,8 +135,9 @@ impl Node {
             Command::Collect {
                 run_id,
                 path,
+                upload,
                 max_bytes,
-            } => self.collect(run_id, path, max_bytes.unwrap_or(u64::MAX)),
+            } => self.collect(run_id, path, upload, max_bytes.unwrap_or(u64::MAX)),
             Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
@@ -142,6 +153,40 @@ impl Node {
         answer
     }
 
+    /// Removes the content no run record refers to any more (its record forgotten once the run
+    /// store's retention retired the run, or never made: a stage no run followed), once
+    /// untouched for `grace`, and what fetches left unfinished; returns the digests removed.
+    pub fn prune_content(&self, grace: Duration) -> Result<Vec<Digest>, StateError> {
+        let runs = self.store.runs()?;
+        let referred: std::collections::HashSet<&Digest> =
+            runs.iter().flat_map(|r| r.content()).collect();
+        let held = self.blobs.list().unwrap_or_default();
+        let mut removed = Vec::new();
+        for (digest, age) in held {
+            if age >= grace
+                && !referred.contains(&digest)
+                && std::fs::remove_file(self.blobs.path(&digest)).is_ok()
+            {
+                tracing::info!(%digest, "removed content no run refers to");
+                removed.push(digest);
+            }
+        }
+        let _ = self.blobs.remove_stale(grace);
+        Ok(removed)
+    }
+
+    /// [`Node::prune_content`] with [`CONTENT_GRACE`], at most once a minute.
+    pub fn prune_content_when_due(&self) {
+        let mut at = self.pruned_at.lock().expect("prune time");
+        if at.is_some_and(|t| t.elapsed() < PRUNE_EVERY) {
+            return;
+        }
+        *at = Some(Instant::now());
+        if let Err(e) = self.prune_content(CONTENT_GRACE) {
+            tracing::warn!("cannot prune the node's content: {e}");
+        }
+    }
+
     /// The checked local copy of `digest`, fetched from the coordinator when not held yet.
     fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
         // One fetch per digest at a time: fetches of one digest share its partial file.
@@ -152,6 +197,9 @@ impl Node {
         let _one = lock.lock().expect("a fetch lock");
         let held = self.blobs.path(digest);
         if held.is_file() {
+            // Used now: the prune's grace starts again.
+            let _ = std::fs::File::open(&held)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
             return Ok(held);
         }
         let Some(link) = &self.content else {
@@ -214,7 +262,13 @@ impl Node {
             Ok(i) => i,
             Err(refusal) => return self.fail_run(start, refusal),
         };
-        if let Err(e) = self.store.track_run(run_id, &start.workload) {
+        let content: Vec<Digest> = start
+            .options
+            .inputs
+            .iter()
+            .map(|(_, d)| d.clone())
+            .collect();
+        if let Err(e) = self.store.track_run_with(run_id, &start.workload, &content) {
             return Err(store_failed(e));
         }
         let spec = RunSpec {
@@ -337,35 +391,43 @@ impl Node {
         })
     }
 
-    /// Collects the file into a scratch file (bounded by `max_bytes`), then uploads it.
-    fn collect(&self, run_id: &str, path: &str, max_bytes: u64) -> Answer {
+    /// Opens the run's file (bounded by `max_bytes`; the process runtime reads it in place, a
+    /// runtime that cannot copies it to scratch first), hashes it, then uploads it.
+    fn collect(&self, run_id: &str, path: &str, upload: &str, max_bytes: u64) -> Answer {
         let other = |m: String| Refusal::new(RefusalClass::Other, m);
         std::fs::create_dir_all(&self.scratch)
             .map_err(|e| other(format!("cannot create {}: {e}", self.scratch.display())))?;
         let n = COLLECTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let file = self
+        let scratch = self
             .scratch
             .join(format!("collect-{}-{n}", std::process::id()));
-        let result = (|| {
-            let collected = self
-                .runtime
-                .collect_file(run_id, path, max_bytes, &file)
-                .map_err(refused)?;
-            let Some(link) = &self.content else {
-                return Err(other(format!(
-                    "run {run_id}: collect {path}: this node has no content path to a coordinator"
-                )));
-            };
-            tokio::runtime::Handle::current()
-                .block_on(link.upload(&file, &collected.digest, collected.size))
-                .map_err(content_refused)?;
-            Ok(Reply::Collected {
-                digest: collected.digest,
-                size: collected.size,
-            })
-        })();
-        let _ = std::fs::remove_file(&file);
-        result
+        let collected = (self.runtime)
+            .open_collected(run_id, path, max_bytes, &scratch)
+            .map_err(refused)?;
+        let Some(link) = &self.content else {
+            return Err(other(format!(
+                "run {run_id}: collect {path}: this node has no content path to a coordinator"
+            )));
+        };
+        // The digest goes first, so a cut upload can resume: one read to hash, one to send (the
+        // second from the page cache). A file the run changes in between fails the
+        // coordinator's check and is refused, never stored.
+        let mut reader = (&collected.file).take(collected.size);
+        let (digest, size) = fleet_proto::content::copy_hashing(&mut reader, &mut std::io::sink())
+            .map_err(|e| {
+                other(format!(
+                    "run {run_id}: cannot read the collected {path}: {e}"
+                ))
+            })?;
+        if size != collected.size {
+            return Err(other(format!(
+                "run {run_id}: {path} shrank to {size} bytes while it was collected; collect it again once the run has stopped writing it"
+            )));
+        }
+        tokio::runtime::Handle::current()
+            .block_on(link.upload(&collected.file, upload, &digest, size))
+            .map_err(content_refused)?;
+        Ok(Reply::Collected { digest, size })
     }
 }
 

@@ -37,10 +37,13 @@ pub enum Up {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ticket: Option<String>,
     },
-    /// The first message of an upload: `size` raw bytes of `digest` follow; the coordinator
-    /// answers [`Down::Stored`] once they are checked and in its blob store.
+    /// The first message of an upload for the collect the coordinator named `upload`: the
+    /// coordinator answers [`Down::UploadFrom`] (what it already holds of it), the node sends
+    /// the rest of the `size` bytes of `digest` raw, and the coordinator answers
+    /// [`Down::Stored`] once they are checked and in place.
     Upload {
         node_id: String,
+        upload: String,
         digest: Digest,
         size: u64,
     },
@@ -91,6 +94,10 @@ pub enum Down {
     Content {
         size: u64,
     },
+    /// On an upload connection: send from byte `offset` (what an earlier, cut try left).
+    UploadFrom {
+        offset: u64,
+    },
     /// On an upload connection: the bytes landed, checked, under their digest.
     Stored {
         digest: Digest,
@@ -122,6 +129,8 @@ pub enum Command {
     Collect {
         run_id: String,
         path: String,
+        /// The coordinator's name for this collect's upload (what a resumed try continues).
+        upload: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_bytes: Option<u64>,
     },
