@@ -7,7 +7,7 @@
 use super::Coordinator;
 use fleet_proto::Digest;
 use fleet_proto::content::{self, Streamed};
-use fleet_proto::protocol::{self, Down};
+use fleet_proto::protocol::{self, Down, Up};
 use sha2::Sha256;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,6 +17,9 @@ use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 /// imported it and has not recorded its set yet. What a transfer left unfinished (a partial or
 /// untaken upload, a temporary file) goes once untouched this long.
 pub const BLOB_GRACE: Duration = Duration::from_secs(600);
+
+/// How long an upload's digest may take to follow its last byte.
+const SENT_WAIT: Duration = Duration::from_secs(30);
 
 /// Content bytes this coordinator sent to nodes and received from them since it started.
 #[derive(Default)]
@@ -77,15 +80,15 @@ impl Coordinator {
         }
     }
 
-    /// Receives the collect `upload`: `size` bytes of `digest`, from what an earlier try left
-    /// (answered first as [`Down::UploadFrom`]), hashed as they land and checked before the
-    /// upload is put in place for the CLI. A cut try keeps what arrived, so the next resumes.
+    /// Receives the collect `upload`: `size` bytes, from what an earlier try left (answered
+    /// first as [`Down::UploadFrom`]), hashed as they land, then the digest the node hashed
+    /// them to ([`Up::Sent`]); only when both agree is the upload put in place for the CLI,
+    /// and answered [`Down::Stored`]. A cut try keeps what arrived, so the next resumes.
     pub async fn receive_content<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         node_id: &str,
         upload: &str,
-        digest: &Digest,
         size: u64,
     ) -> Result<(), String> {
         let partial = self.blobs.collected_partial(upload);
@@ -117,15 +120,18 @@ impl Coordinator {
                 Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
             };
             self.content.received.fetch_add(got, Ordering::Relaxed);
-            tracing::info!(%node_id, %digest, offset = held, bytes = got, "content received");
+            let stopped = |cause: String| {
+                format!(
+                    "the upload {upload} from {node_id} stopped after {} of {size} bytes: {cause}; the node's next try resumes from there",
+                    held + got
+                )
+            };
             match streamed {
                 Streamed::Done => {}
                 Streamed::Cut { cause, .. } => {
                     let _ = file.sync_data().await;
-                    return Err(format!(
-                        "the upload of {digest} from {node_id} stopped after {} of {size} bytes: {cause}; the node's next try resumes from there",
-                        held + got
-                    ));
+                    tracing::info!(%node_id, upload, offset = held, bytes = got, "content received");
+                    return Err(stopped(cause));
                 }
                 Streamed::Write { cause, .. } => {
                     drop(file);
@@ -134,30 +140,30 @@ impl Coordinator {
                 }
             }
             drop(file);
-            let got = Digest::from_hasher(hasher);
-            if got != *digest {
-                let _ = std::fs::remove_file(&partial);
-                return Err(content::ContentError::Mismatch {
-                    digest: digest.clone(),
-                    got,
+            let sent = match tokio::time::timeout(SENT_WAIT, protocol::read_msg::<_, Up>(stream)).await {
+                Ok(Ok(Some(Up::Sent { digest }))) => digest,
+                Ok(Ok(Some(other))) => {
+                    return Err(format!("the node sent {other:?} after its upload, not its digest; run an agent of the coordinator's version"));
                 }
-                .to_string());
+                Ok(Err(e)) => return Err(stopped(e.to_string())),
+                Ok(Ok(None)) | Err(_) => return Err(stopped("no digest after the bytes".into())),
+            };
+            let got = Digest::from_hasher(hasher);
+            tracing::info!(%node_id, upload, digest = %got, offset = held, bytes = size - held, "content received");
+            if got != sent {
+                let _ = std::fs::remove_file(&partial);
+                return Err(content::ContentError::Mismatch { digest: sent, got }.to_string());
             }
             self.blobs
                 .settle_collected(&partial, upload)
                 .map_err(disk)?;
-            Ok(())
+            Ok(got)
         }
         .await;
         match result {
-            Ok(()) => protocol::write_msg(
-                stream,
-                &Down::Stored {
-                    digest: digest.clone(),
-                },
-            )
-            .await
-            .map_err(|e| e.to_string()),
+            Ok(digest) => protocol::write_msg(stream, &Down::Stored { digest })
+                .await
+                .map_err(|e| e.to_string()),
             Err(message) => refuse(stream, message).await,
         }
     }

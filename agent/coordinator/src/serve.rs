@@ -185,7 +185,6 @@ async fn handle_tls(
         Up::Upload {
             node_id,
             upload,
-            digest,
             size,
         } => {
             known_node(coordinator, &cert, &node_id).await?;
@@ -201,7 +200,7 @@ async fn handle_tls(
             };
             let _one_try_at_a_time = lock.lock().await;
             coordinator
-                .receive_content(&mut stream, &node_id, &upload, &digest, size)
+                .receive_content(&mut stream, &node_id, &upload, size)
                 .await
         }
         _ => Err("a first message that is neither join, hello, fetch nor upload".into()),

@@ -10,7 +10,6 @@ use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, 
 use fleet_proto::run::Workload;
 use serde_json::json;
 use std::ffi::OsString;
-use std::io::Read;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -392,7 +391,7 @@ impl Node {
     }
 
     /// Opens the run's file (bounded by `max_bytes`; the process runtime reads it in place, a
-    /// runtime that cannot copies it to scratch first), hashes it, then uploads it.
+    /// runtime that cannot copies it to scratch first) and uploads it, hashed as it goes.
     fn collect(&self, run_id: &str, path: &str, upload: &str, max_bytes: u64) -> Answer {
         let other = |m: String| Refusal::new(RefusalClass::Other, m);
         std::fs::create_dir_all(&self.scratch)
@@ -409,24 +408,17 @@ impl Node {
                 "run {run_id}: collect {path}: this node has no content path to a coordinator"
             )));
         };
-        // The digest goes first, so a cut upload can resume: one read to hash, one to send (the
-        // second from the page cache). A file the run changes in between fails the
-        // coordinator's check and is refused, never stored.
-        let mut reader = (&collected.file).take(collected.size);
-        let (digest, size) = fleet_proto::content::copy_hashing(&mut reader, &mut std::io::sink())
-            .map_err(|e| {
-                other(format!(
-                    "run {run_id}: cannot read the collected {path}: {e}"
-                ))
-            })?;
-        if size != collected.size {
-            return Err(other(format!(
-                "run {run_id}: {path} shrank to {size} bytes while it was collected; collect it again once the run has stopped writing it"
-            )));
-        }
-        tokio::runtime::Handle::current()
-            .block_on(link.upload(&collected.file, upload, &digest, size))
+        // The run may still write the file: what the node hashed as it sent is what the
+        // coordinator checks, and a change between a cut try and the next fails that check.
+        let digest = tokio::runtime::Handle::current()
+            .block_on(link.upload(
+                &collected.file,
+                upload,
+                &format!("{path} of run {run_id}"),
+                collected.size,
+            ))
             .map_err(content_refused)?;
+        let size = collected.size;
         Ok(Reply::Collected { digest, size })
     }
 }

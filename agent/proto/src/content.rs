@@ -14,7 +14,8 @@ pub const CHUNK: usize = 256 << 10;
 
 static TEMPS: AtomicU64 = AtomicU64::new(0);
 
-/// Why content could not be moved or used; every message names the digest and what to do.
+/// Why content could not be moved or used; every message names the content (its digest, or an
+/// upload's file before it is hashed) and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ContentError {
     #[error(
@@ -30,16 +31,17 @@ pub enum ContentError {
         cause: io::Error,
     },
     #[error(
-        "content {digest}: the transfer stopped after {got} of {size} bytes ({cause}); the next try resumes from there"
+        "content {content}: the transfer stopped after {got} of {size} bytes ({cause}); the next try resumes from there"
     )]
     Cut {
-        digest: Digest,
+        /// The content's digest, or for an upload not hashed yet, its file.
+        content: String,
         got: u64,
         size: u64,
         cause: String,
     },
-    #[error("content {digest}: {reason}")]
-    Failed { digest: Digest, reason: String },
+    #[error("content {content}: {reason}")]
+    Failed { content: String, reason: String },
 }
 
 impl ContentError {
@@ -190,7 +192,7 @@ impl Blobs {
         out: &Path,
     ) -> Result<(), ContentError> {
         let failed = |e: io::Error| ContentError::Failed {
-            digest: digest.clone(),
+            content: digest.to_string(),
             reason: format!("cannot write {} ({e})", out.display()),
         };
         let from = self.collected(upload);
@@ -203,7 +205,7 @@ impl Blobs {
             Err(e) if e.raw_os_error() == Some(EXDEV) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound && !from.exists() => {
                 return Err(ContentError::Failed {
-                    digest: digest.clone(),
+                    content: digest.to_string(),
                     reason: "the coordinator holds no upload of it any more; collect it again"
                         .into(),
                 });

@@ -39,13 +39,16 @@ pub enum Up {
     },
     /// The first message of an upload for the collect the coordinator named `upload`: the
     /// coordinator answers [`Down::UploadFrom`] (what it already holds of it), the node sends
-    /// the rest of the `size` bytes of `digest` raw, and the coordinator answers
-    /// [`Down::Stored`] once they are checked and in place.
+    /// the rest of the `size` bytes raw, then [`Up::Sent`]; the coordinator answers
+    /// [`Down::Stored`] once what it holds hashes to that digest and is in place.
     Upload {
         node_id: String,
         upload: String,
-        digest: Digest,
         size: u64,
+    },
+    /// After an upload's bytes: the digest the node hashed them to, as it sent them.
+    Sent {
+        digest: Digest,
     },
     Facts {
         facts: Facts,
