@@ -152,7 +152,9 @@ impl Coordinator {
             tracing::info!(%node_id, upload, digest = %got, offset = held, bytes = size - held, "content received");
             if got != sent {
                 let _ = std::fs::remove_file(&partial);
-                return Err(content::ContentError::Mismatch { digest: sent, got }.to_string());
+                return Err(format!(
+                    "content {sent}: what arrived hashes to {got}; removed it: if the run still writes the file, collect it once it stopped"
+                ));
             }
             self.blobs
                 .settle_collected(&partial, upload)

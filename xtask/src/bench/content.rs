@@ -1,7 +1,7 @@
 //! `cargo xtask bench content`: 1 GiB of incompressible bytes staged onto a node (an artifact
 //! replicated through a one-time ticket: the node's whole copy, TLS, disk and hash) and a 1 GiB
-//! file collected back (`collect --out`: the node's hash and upload, the coordinator's check, the
-//! move to --out), against `curl` over HTTPS on the same loopback moving the same bytes from
+//! file collected back (`collect --out`: the node's upload hashed as it is sent, the
+//! coordinator's check, the move to --out), against `curl` over HTTPS on the same loopback moving the same bytes from
 //! `openssl s_server` (the floor) and `scp` both ways through a private `sshd` on loopback, with
 //! the peak RSS of the agent and the coordinator.
 use crate::cross;
@@ -119,19 +119,19 @@ pub fn run() -> Result<()> {
          Static release binaries on loopback, {SIZE_MIB} MiB of incompressible bytes, median of \
          {SAMPLES}. Staged: an artifact replicated with a one-time ticket, as the node times the \
          whole copy (pinned TLS, disk write and SHA-256 in one pass, fsync and rename). Collected: \
-         `collect --out` wall time (the node's hash of the run's file, read in place, and its \
-         upload, the coordinator's check as the bytes land and their fsync, and the rename to \
-         --out). Floor: `curl` downloading the same bytes over HTTPS from `openssl s_server \
+         `collect --out` wall time (the node's upload of the run's file, read in place and \
+         hashed as it is sent, the coordinator's check as the bytes land and their fsync, and \
+         the rename to --out). Floor: `curl` downloading the same bytes over HTTPS from `openssl s_server \
          -WWW` (its whole process: start, handshake, transfer, write). Beside it: `scp` of the \
          same file to and from a private `sshd` on loopback (its own host key, \
          authorized_keys and config). Target: within 1.2x of the floor.\n\n\
          | what | time | rate | vs curl |\n|---|---|---|---|\n{}\n{}\n{}\n{scp_rows}\n\n\
          Peak RSS after staging and collecting 1 GiB {SAMPLES} times each: coordinator \
          {coordinator_rss} MiB, agent {agent_rss} MiB (target: under 64 MiB).\n\n\
-         Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes twice \
-         on the node (a hash, so the digest can lead and a cut upload can resume, then the \
-         send from the page cache) and once on the coordinator (decrypt, hash, write, fsync); \
-         `collect --out` then renames the checked file into place.\n",
+         Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes once \
+         on each side: the node reads the run's file in place and hashes it as it sends it, the \
+         coordinator decrypts, hashes, writes and fsyncs it, and `collect --out` renames the \
+         checked file into place.\n",
         row("staged (node copy)", stage),
         row("collected (collect --out)", collect),
         row("curl over HTTPS (floor)", curl),
