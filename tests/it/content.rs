@@ -472,6 +472,64 @@ fn a_collect_whose_upload_is_cut_halfway_resumes_from_where_it_stopped() {
 }
 
 #[test]
+fn a_collected_file_the_run_changes_between_a_cut_try_and_the_next_is_refused() {
+    use std::os::unix::fs::FileExt;
+    let size = size();
+    let mut proxy = None;
+    let fleet = Fleet::through(
+        |coord| {
+            let started = CuttingProxy::start(coord, size / 2);
+            let addr = started.addr.clone();
+            proxy = Some(started);
+            Some(addr)
+        },
+        Vec::new(),
+    );
+    let proxy = proxy.unwrap();
+    let program = script(
+        &fleet.path("make.sh"),
+        &format!("head -c {size} /dev/urandom > big.bin"),
+    );
+    let row = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(row["state"], "finished", "{row:#}");
+    let run = row["run_id"].as_str().unwrap();
+    let file = (testkit::agent::files_under(&fleet.path("runs")).into_iter())
+        .find(|p| p.ends_with("big.bin"))
+        .expect("the run's big.bin");
+    let out = fleet.path("big.out");
+    let collect = (fleet.coord.command())
+        .args(["collect", "--run", run, "--path", "big.bin", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first try is cut; before the node's next one, the file's first bytes change.
+    assert!(wait_until(WAIT, || proxy.cut.load(Ordering::SeqCst)));
+    let changed = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    changed.write_all_at(b"changed", 0).unwrap();
+    let done = collect.wait_with_output().unwrap();
+    assert!(!done.status.success(), "{done:?}");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    let line = stderr.lines().last().unwrap_or_default();
+    // The node's digest is the changed file's; what the coordinator holds began before it.
+    let sent = sha256(&file);
+    assert!(
+        line.starts_with(&format!(
+            "fleet-coordinator: content big.bin of run {run}: the coordinator refused it: content {sent}: what arrived hashes to sha256:"
+        )) && line.ends_with(
+                "; removed it: if the run still writes the file, collect it once it stopped"
+            ),
+        "{line}"
+    );
+    assert!(!out.exists(), "nothing at --out");
+    assert!(
+        no_files(&fleet.path("coord/blobs/collected")),
+        "nothing kept"
+    );
+}
+
+#[test]
 fn content_corrupted_on_the_coordinators_disk_is_refused_and_removed_on_the_node() {
     let mut fleet = Fleet::new();
     fleet.kill_agent();
