@@ -550,10 +550,7 @@ mod node_commands {
             [],
             "within its grace all content stays"
         );
-        assert_eq!(
-            node.prune_content(Duration::ZERO).unwrap(),
-            [staged_only.clone()]
-        );
+        assert_eq!(node.prune_content(Duration::ZERO).unwrap(), [staged_only]);
         assert!(
             held.has(&program) && held.has(&input),
             "a run's content stays"
