@@ -10,6 +10,7 @@ pub mod clock;
 pub mod digest;
 pub mod error;
 pub mod exit;
+pub mod inside;
 pub mod layout;
 pub mod lock;
 pub mod record;

@@ -522,6 +522,63 @@ mod node_commands {
     }
 
     #[test]
+    fn content_no_run_record_refers_to_is_pruned_after_its_grace() {
+        use fleet_proto::run::{RunReport, RunState};
+        use std::time::Duration;
+        let dir = testkit::tempdir();
+        let node = node(dir.path());
+        let held = fleet_agent::node::content_blobs(&dir.path().join("state"));
+        let import = |name: &str| {
+            let file = dir.path().join(name);
+            std::fs::write(&file, name).unwrap();
+            held.import(&file).unwrap().0
+        };
+        let (program, input, staged_only) = (import("program"), import("input"), import("staged"));
+        // A run's record refers to its program and its inputs; a stage no run followed, to none.
+        let record = |run: &str| {
+            let workload = Workload::Program(program.clone());
+            node.store
+                .track_run_with(run, &workload, std::slice::from_ref(&input))
+                .unwrap();
+            node.store
+                .transition(run, RunState::Finished, RunReport::default())
+                .unwrap();
+        };
+        record("r-old");
+        assert_eq!(
+            node.prune_content(Duration::from_secs(3600)).unwrap(),
+            [],
+            "within its grace all content stays"
+        );
+        assert_eq!(node.prune_content(Duration::ZERO).unwrap(), [staged_only]);
+        assert!(
+            held.has(&program) && held.has(&input),
+            "a run's content stays"
+        );
+        // Once retention forgets the run's record, its content goes too.
+        let workload =
+            Workload::Program(Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap());
+        for n in 0..fleet_agent::state::KEEP_FINAL_RUNS {
+            let run = format!("r-{n}");
+            node.store.track_run(&run, &workload).unwrap();
+            node.store
+                .transition(&run, RunState::Finished, RunReport::default())
+                .unwrap();
+        }
+        assert_eq!(
+            node.store.run("r-old").unwrap(),
+            None,
+            "retention forgot it"
+        );
+        let mut removed = node.prune_content(Duration::ZERO).unwrap();
+        removed.sort_by_key(|d| d.to_string());
+        let mut expected = vec![program.clone(), input.clone()];
+        expected.sort_by_key(|d| d.to_string());
+        assert_eq!(removed, expected);
+        assert!(held.list().unwrap().is_empty(), "no content left");
+    }
+
+    #[test]
     fn bad_commands_get_clear_errors_and_redeliveries_are_answered_from_the_record() {
         let dir = testkit::tempdir();
         let node = node(dir.path());
@@ -564,6 +621,7 @@ mod node_commands {
         let collect = Command::Collect {
             run_id: "r-a".into(),
             path: "../r-c/x".into(),
+            upload: "u".into(),
             max_bytes: None,
         };
         let escaped = node.execute("collect-1", 1, &collect);

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use testkit::agent::{Agent, Coordinator, script, wait_until};
 
@@ -124,6 +124,16 @@ impl Fleet {
 
     /// `(offset, bytes)` of each `content sent` line for `digest` in the coordinator's log.
     fn sent(&self, digest: &str) -> Vec<(u64, u64)> {
+        self.moved("content sent", digest)
+    }
+
+    /// `(offset, bytes)` of each `content received` line: one per try of an upload (a cut try
+    /// names no digest: it is known only once all the bytes arrived).
+    fn received(&self) -> Vec<(u64, u64)> {
+        self.moved("content received", "")
+    }
+
+    fn moved(&self, what: &str, digest: &str) -> Vec<(u64, u64)> {
         let field = |line: &str, name: &str| -> u64 {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(name))
@@ -133,7 +143,7 @@ impl Fleet {
         self.coord
             .log_text()
             .lines()
-            .filter(|l| l.contains("content sent") && l.contains(digest))
+            .filter(|l| l.contains(what) && l.contains(digest))
             .map(|l| (field(l, "offset="), field(l, "bytes=")))
             .collect()
     }
@@ -314,7 +324,7 @@ fn a_large_collect_streams_and_max_bytes_refuses_with_nothing_at_out() {
 }
 
 /// A TCP proxy that cuts, once, the first connection that carries more than `cut_after` bytes
-/// towards the agent; every other connection it relays whole.
+/// (both ways together); every other connection it relays whole.
 struct CuttingProxy {
     addr: String,
     cut: Arc<AtomicBool>,
@@ -332,30 +342,34 @@ impl CuttingProxy {
                 let Ok(server) = TcpStream::connect(&target) else {
                     continue;
                 };
+                let moved = Arc::new(AtomicU64::new(0));
+                let (up_from, up_to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (up_moved, up_flag) = (moved.clone(), flag.clone());
+                std::thread::spawn(move || relay(up_from, up_to, up_moved, cut_after, up_flag));
                 let flag = flag.clone();
-                std::thread::spawn(move || relay(client, server, cut_after, flag));
+                std::thread::spawn(move || relay(server, client, moved, cut_after, flag));
             }
         });
         CuttingProxy { addr, cut }
     }
 }
 
-fn relay(client: TcpStream, server: TcpStream, cut_after: u64, cut: Arc<AtomicBool>) {
-    let (mut up_from, mut up_to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut up_from, &mut up_to);
-        let _ = up_to.shutdown(Shutdown::Write);
-    });
-    let (mut from, mut to) = (server, client);
+/// Relays one direction of a connection, counting into `moved` (shared by both directions).
+fn relay(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    moved: Arc<AtomicU64>,
+    cut_after: u64,
+    cut: Arc<AtomicBool>,
+) {
     let mut buf = vec![0u8; 64 << 10];
-    let mut moved = 0u64;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        moved += n as u64;
-        if moved > cut_after && !cut.swap(true, Ordering::SeqCst) {
+        let total = moved.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+        if total > cut_after && !cut.swap(true, Ordering::SeqCst) {
             let _ = to.shutdown(Shutdown::Both);
             let _ = from.shutdown(Shutdown::Both);
             return;
@@ -364,7 +378,7 @@ fn relay(client: TcpStream, server: TcpStream, cut_after: u64, cut: Arc<AtomicBo
             break;
         }
     }
-    let _ = to.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Write);
 }
 
 #[test]
@@ -397,6 +411,116 @@ fn a_transfer_cut_halfway_resumes_from_where_it_stopped() {
     let total: u64 = sent.iter().map(|(_, b)| b).sum();
     assert!(total < size + size / 4, "not started over: {sent:?}");
     assert_eq!(fleet.sessions(), 1, "the session was not touched");
+}
+
+#[test]
+fn a_collect_whose_upload_is_cut_halfway_resumes_from_where_it_stopped() {
+    let size = size();
+    let mut proxy = None;
+    let fleet = Fleet::through(
+        |coord| {
+            let started = CuttingProxy::start(coord, size / 2);
+            let addr = started.addr.clone();
+            proxy = Some(started);
+            Some(addr)
+        },
+        Vec::new(),
+    );
+    let proxy = proxy.unwrap();
+    let program = script(
+        &fleet.path("make.sh"),
+        &format!("head -c {size} /dev/urandom > big.bin"),
+    );
+    let row = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(row["state"], "finished", "{row:#}");
+    assert!(
+        !proxy.cut.load(Ordering::SeqCst),
+        "nothing cut before the collect"
+    );
+    let run = row["run_id"].as_str().unwrap();
+    let out = fleet.path("big.out");
+    let done = fleet.collect(run, "big.bin", &out, &[]);
+    assert!(done.status.success(), "{done:?}");
+    assert!(proxy.cut.load(Ordering::SeqCst), "the proxy cut the upload");
+    let digest = String::from_utf8(done.stdout).unwrap().trim().to_string();
+    assert_eq!(digest, sha256(&out));
+    assert_eq!(std::fs::metadata(&out).unwrap().len(), size);
+    let received = fleet.received();
+    assert_eq!(
+        received.len(),
+        2,
+        "one cut upload, one resumed: {received:?}"
+    );
+    let (resumed_at, rest) = received[1];
+    assert_eq!(received[0], (0, resumed_at), "resumed from what arrived");
+    assert!(
+        resumed_at >= size / 4,
+        "resumed from where it stopped, not from 0: {received:?}"
+    );
+    assert_eq!(resumed_at + rest, size, "{received:?}");
+    assert_eq!(fleet.sessions(), 1, "the session was not touched");
+    assert!(
+        no_files(&fleet.path("coord/blobs/collected")),
+        "the upload moved to --out, nothing left behind"
+    );
+}
+
+#[test]
+fn a_collected_file_the_run_changes_between_a_cut_try_and_the_next_is_refused() {
+    use std::os::unix::fs::FileExt;
+    let size = size();
+    let mut proxy = None;
+    let fleet = Fleet::through(
+        |coord| {
+            let started = CuttingProxy::start(coord, size / 2);
+            let addr = started.addr.clone();
+            proxy = Some(started);
+            Some(addr)
+        },
+        Vec::new(),
+    );
+    let proxy = proxy.unwrap();
+    let program = script(
+        &fleet.path("make.sh"),
+        &format!("head -c {size} /dev/urandom > big.bin"),
+    );
+    let row = fleet.final_row(&fleet.run(&program, &[]));
+    assert_eq!(row["state"], "finished", "{row:#}");
+    let run = row["run_id"].as_str().unwrap();
+    let file = (testkit::agent::files_under(&fleet.path("runs")).into_iter())
+        .find(|p| p.ends_with("big.bin"))
+        .expect("the run's big.bin");
+    let out = fleet.path("big.out");
+    let collect = (fleet.coord.command())
+        .args(["collect", "--run", run, "--path", "big.bin", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first try is cut; before the node's next one, the file's first bytes change.
+    assert!(wait_until(WAIT, || proxy.cut.load(Ordering::SeqCst)));
+    let changed = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    changed.write_all_at(b"changed", 0).unwrap();
+    let done = collect.wait_with_output().unwrap();
+    assert!(!done.status.success(), "{done:?}");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    let line = stderr.lines().last().unwrap_or_default();
+    // The node's digest is the changed file's; what the coordinator holds began before it.
+    let sent = sha256(&file);
+    assert!(
+        line.starts_with(&format!(
+            "fleet-coordinator: content big.bin of run {run}: the coordinator refused it: content {sent}: what arrived hashes to sha256:"
+        )) && line.ends_with(
+                "; removed it: if the run still writes the file, collect it once it stopped"
+            ),
+        "{line}"
+    );
+    assert!(!out.exists(), "nothing at --out");
+    assert!(
+        no_files(&fleet.path("coord/blobs/collected")),
+        "nothing kept"
+    );
 }
 
 #[test]
@@ -719,16 +843,21 @@ fn the_blob_sweep_removes_only_content_no_run_refers_to_after_its_grace() {
     run.workload = fleet_proto::run::Workload::Program(program.clone());
     run.options.inputs = vec![("data".into(), input.clone())];
     coordinator.store.create_set("s1", &[run]).unwrap();
+    let cut_upload = coordinator.blobs.collected_partial("u1");
+    std::fs::create_dir_all(cut_upload.parent().unwrap()).unwrap();
+    std::fs::write(&cut_upload, "half").unwrap();
     coordinator.sweep_blobs(Duration::from_secs(3600)).unwrap();
     assert!(
         coordinator.blobs.has(&loose),
         "within its grace a blob stays"
     );
+    assert!(cut_upload.exists(), "within its grace a cut upload stays");
     coordinator.sweep_blobs(Duration::ZERO).unwrap();
     assert!(
         !coordinator.blobs.has(&loose),
         "no run refers to it: removed"
     );
+    assert!(!cut_upload.exists(), "an upload nobody finished: removed");
     assert!(
         coordinator.blobs.has(&program),
         "a stored run's program stays"

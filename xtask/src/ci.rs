@@ -11,6 +11,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "qemu-user-static",
     "openssl",
     "curl",
+    // `cargo xtask bench content` times scp through a private sshd beside curl.
+    "openssh-server",
+    "openssh-client",
     "hyperfine",
     "faketime",
     // The coordinator's shared store: throwaway clusters made with initdb and pg_ctl.

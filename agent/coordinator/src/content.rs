@@ -2,19 +2,24 @@
 //! from the offset the node asks) and upload (a collected file into the blob store), each on a
 //! connection of its own, authenticated as a session is. The blob store is content-addressed
 //! files under the data folder (`blobs/sha256/HEX`); the store's reference counts decide when
-//! a blob is no longer referred to, and [`Coordinator::sweep_blobs`] removes it then.
+//! a blob is no longer referred to, and [`Coordinator::sweep_blobs`] removes it then. A collect's
+//! upload lands apart (`blobs/collected/NAME`), for the CLI to move to `--out`.
 use super::Coordinator;
 use fleet_proto::Digest;
 use fleet_proto::content::{self, Streamed};
-use fleet_proto::protocol::{self, Down};
+use fleet_proto::protocol::{self, Down, Up};
 use sha2::Sha256;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
 /// A blob no run refers to is removed once it is this old: the grace covers a `run` that
-/// imported it and has not recorded its set yet, and a `collect` copying it out.
+/// imported it and has not recorded its set yet. What a transfer left unfinished (a partial or
+/// untaken upload, a temporary file) goes once untouched this long.
 pub const BLOB_GRACE: Duration = Duration::from_secs(600);
+
+/// How long an upload's digest may take to follow its last byte.
+const SENT_WAIT: Duration = Duration::from_secs(30);
 
 /// Content bytes this coordinator sent to nodes and received from them since it started.
 #[derive(Default)]
@@ -75,58 +80,93 @@ impl Coordinator {
         }
     }
 
-    /// Receives `size` bytes of `digest` into the blob store, checked before they land.
+    /// Receives the collect `upload`: `size` bytes, from what an earlier try left (answered
+    /// first as [`Down::UploadFrom`]), hashed as they land, then the digest the node hashed
+    /// them to ([`Up::Sent`]); only when both agree is the upload put in place for the CLI,
+    /// and answered [`Down::Stored`]. A cut try keeps what arrived, so the next resumes.
     pub async fn receive_content<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         node_id: &str,
-        digest: &Digest,
+        upload: &str,
         size: u64,
     ) -> Result<(), String> {
-        let temp = self.blobs.temp().map_err(|e| e.to_string())?;
+        let partial = self.blobs.collected_partial(upload);
+        let disk = |e| blob_disk(&self.blobs, e);
         let result = async {
-            let mut file = tokio::fs::File::create(&temp)
+            std::fs::create_dir_all(partial.parent().expect("a folder")).map_err(disk)?;
+            let (mut hasher, held) = match content::hash_prefix(&partial) {
+                Ok((_, held)) if held > size => {
+                    std::fs::remove_file(&partial).map_err(disk)?;
+                    (Sha256::default(), 0)
+                }
+                Ok(prefix) => prefix,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Sha256::default(), 0),
+                Err(e) => return Err(disk(e)),
+            };
+            protocol::write_msg(stream, &Down::UploadFrom { offset: held })
                 .await
-                .map_err(|e| blob_disk(&self.blobs, e))?;
-            let mut hasher = Sha256::default();
-            let streamed = content::stream_exact(stream, &mut file, size, Some(&mut hasher)).await;
-            drop(file);
+                .map_err(|e| e.to_string())?;
+            let mut file = tokio::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&partial)
+                .await
+                .map_err(disk)?;
+            let streamed =
+                content::stream_exact(stream, &mut file, size - held, Some(&mut hasher)).await;
+            let got = match streamed {
+                Streamed::Done => size - held,
+                Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
+            };
+            self.content.received.fetch_add(got, Ordering::Relaxed);
+            let stopped = |cause: String| {
+                format!(
+                    "the upload {upload} from {node_id} stopped after {} of {size} bytes: {cause}; the node's next try resumes from there",
+                    held + got
+                )
+            };
             match streamed {
                 Streamed::Done => {}
-                Streamed::Cut { got, cause } => {
-                    return Err(format!("the upload of {digest} from {node_id} stopped after {got} of {size} bytes: {cause}"));
+                Streamed::Cut { cause, .. } => {
+                    let _ = file.sync_data().await;
+                    tracing::info!(%node_id, upload, offset = held, bytes = got, "content received");
+                    return Err(stopped(cause));
                 }
-                Streamed::Write { cause, .. } => return Err(blob_disk(&self.blobs, cause)),
+                Streamed::Write { cause, .. } => {
+                    drop(file);
+                    let _ = std::fs::remove_file(&partial);
+                    return Err(disk(cause));
+                }
             }
-            self.content.received.fetch_add(size, Ordering::Relaxed);
-            let got = Digest::from_hasher(hasher);
-            if got != *digest {
-                return Err(content::ContentError::Mismatch {
-                    digest: digest.clone(),
-                    got,
+            drop(file);
+            let sent = match tokio::time::timeout(SENT_WAIT, protocol::read_msg::<_, Up>(stream)).await {
+                Ok(Ok(Some(Up::Sent { digest }))) => digest,
+                Ok(Ok(Some(other))) => {
+                    return Err(format!("the node sent {other:?} after its upload, not its digest; run an agent of the coordinator's version"));
                 }
-                .to_string());
+                Ok(Err(e)) => return Err(stopped(e.to_string())),
+                Ok(Ok(None)) | Err(_) => return Err(stopped("no digest after the bytes".into())),
+            };
+            let got = Digest::from_hasher(hasher);
+            tracing::info!(%node_id, upload, digest = %got, offset = held, bytes = size - held, "content received");
+            if got != sent {
+                let _ = std::fs::remove_file(&partial);
+                return Err(format!(
+                    "content {sent}: what arrived hashes to {got}; removed it: if the run still writes the file, collect it once it stopped"
+                ));
             }
             self.blobs
-                .commit(&temp, digest)
-                .map_err(|e| blob_disk(&self.blobs, e))?;
-            tracing::info!(%node_id, %digest, bytes = size, "content received");
-            Ok(())
+                .settle_collected(&partial, upload)
+                .map_err(disk)?;
+            Ok(got)
         }
         .await;
         match result {
-            Ok(()) => protocol::write_msg(
-                stream,
-                &Down::Stored {
-                    digest: digest.clone(),
-                },
-            )
-            .await
-            .map_err(|e| e.to_string()),
-            Err(message) => {
-                let _ = std::fs::remove_file(&temp);
-                refuse(stream, message).await
-            }
+            Ok(digest) => protocol::write_msg(stream, &Down::Stored { digest })
+                .await
+                .map_err(|e| e.to_string()),
+            Err(message) => refuse(stream, message).await,
         }
     }
 
@@ -142,6 +182,9 @@ impl Coordinator {
                 let _ = std::fs::remove_file(self.blobs.path(&digest));
                 tracing::info!(%digest, "removed a blob no run refers to");
             }
+        }
+        for path in self.blobs.remove_stale(grace).map_err(|e| e.to_string())? {
+            tracing::info!(path = %path.display(), "removed what a transfer left unfinished");
         }
         Ok(())
     }

@@ -87,7 +87,7 @@ fn run_coordinator(args: Cli) -> Result<()> {
             let answer: Collected = serde_json::from_value(operate(&place, request)?)?;
             let blobs = coordinator::blobs(data);
             blobs
-                .export(&answer.digest, &c.out)
+                .take_collected(&answer.upload, &answer.digest, &c.out)
                 .with_context(|| format!("cannot write {}", c.out.display()))?;
             println!("{}", answer.digest);
         }

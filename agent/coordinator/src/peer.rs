@@ -8,7 +8,7 @@ use super::Coordinator;
 use fleet_proto::Digest;
 use fleet_proto::content::{self, Streamed};
 use fleet_proto::pin;
-use fleet_proto::protocol::{self, Answer, Command, Down, Up};
+use fleet_proto::protocol::{self, Answer, Command, Down, Refusal, RefusalClass, Reply, Up};
 use sha2::Sha256;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -122,6 +122,33 @@ pub async fn pull(coordinator: &Coordinator, address: &str, digest: &Digest) -> 
 }
 
 impl Coordinator {
+    /// A peer's relayed command, passed to the node whose session this coordinator holds. A
+    /// collect's upload is let in here under the name the peer gave it, and kept as a blob by
+    /// its digest, for the peer to copy.
+    pub async fn relayed(&self, node_id: &str, command: Command) -> Answer {
+        let upload = match &command {
+            Command::Collect { upload, .. } => Some(upload.clone()),
+            _ => None,
+        };
+        if let Some(upload) = &upload {
+            let mut uploads = self.live.uploads.lock().expect("uploads");
+            uploads.insert(upload.clone(), (node_id.to_string(), Default::default()));
+        }
+        let answer = match self.call_held(node_id, command).await {
+            Ok(answer) => answer,
+            Err(e) => Err(Refusal::new(RefusalClass::NoSession, e.to_string())),
+        };
+        if let Some(upload) = upload {
+            self.live.uploads.lock().expect("uploads").remove(&upload);
+            if let Ok(Reply::Collected { digest, .. }) = &answer
+                && let Err(e) = self.blobs.commit(&self.blobs.collected(&upload), digest)
+            {
+                tracing::warn!(%node_id, %digest, "cannot keep a relayed collect as a blob: {e}");
+            }
+        }
+        answer
+    }
+
     /// Makes sure the blob store holds `digest`, copying it from another coordinator of the
     /// fleet when it does not (content imported through one coordinator, asked for through
     /// another). Err says why it is still missing.

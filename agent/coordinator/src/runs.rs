@@ -111,11 +111,13 @@ impl From<RunRow> for RunView {
     }
 }
 
-/// A file collected from a run: in the blob store under `digest`.
+/// A file collected from a run: checked against `digest` as it landed, it waits at
+/// [`fleet_proto::content::Blobs::collected`] for `upload` until the CLI moves it to `--out`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Collected {
     pub digest: Digest,
     pub size: u64,
+    pub upload: String,
 }
 
 /// A node answered with a reply of another command: a protocol mismatch between versions.
@@ -164,7 +166,13 @@ pub struct Live {
     /// Every coordinator serving the same store now, this one included (refreshed each
     /// heartbeat from the store).
     pub fleet: Mutex<Vec<String>>,
+    /// Collects under way: upload name -> the node that may send it, and a lock held while a
+    /// try is received (a resumed try waits for the cut one to finish); memory only.
+    pub uploads: Mutex<HashMap<String, (String, UploadLock)>>,
 }
+
+/// Held while one try of an upload is received.
+pub type UploadLock = std::sync::Arc<tokio::sync::Mutex<()>>;
 
 /// What a ticket lets one node read once, until when.
 #[derive(Debug, Clone)]
@@ -213,6 +221,7 @@ impl Default for Live {
             tickets: Default::default(),
             address: Default::default(),
             fleet: Default::default(),
+            uploads: Default::default(),
         }
     }
 }
@@ -386,19 +395,43 @@ impl Coordinator {
         max_bytes: Option<u64>,
     ) -> Result<Collected, CoordinatorError> {
         let row = self.stored_run(run).await?;
+        let mut raw = [0u8; 16];
+        rand::thread_rng().fill_bytes(&mut raw);
+        let upload = hex::encode(raw);
+        let uploads = &self.live.uploads;
+        (uploads.lock().expect("uploads"))
+            .insert(upload.clone(), (row.node_id.clone(), Default::default()));
         let command = Command::Collect {
             run_id: run.to_string(),
             path: path.to_string(),
+            upload: upload.clone(),
             max_bytes,
         };
-        match self.call_node(&row.node_id, "collect", command).await? {
-            Reply::Collected { digest, size } => match self.ensure_blob(&digest).await {
-                Ok(()) => Ok(Collected { digest, size }),
-                Err(why) => Err(CoordinatorError::Request(format!(
-                    "node {} reported {path} uploaded as {digest}, but the blob store has no such blob ({why}); collect it again",
-                    row.node_id
-                ))),
-            },
+        let answer = self.call_node(&row.node_id, "collect", command).await;
+        (uploads.lock().expect("uploads")).remove(&upload);
+        match answer? {
+            Reply::Collected { digest, size } => {
+                // Uploaded here, or (relayed) at the coordinator holding the session, which
+                // keeps it as a blob: copied here by digest, checked, and put in place.
+                let here = self.blobs.collected(&upload);
+                let landed = match here.is_file() {
+                    true => Ok(()),
+                    false => self.ensure_blob(&digest).await.and_then(|()| {
+                        std::fs::rename(self.blobs.path(&digest), &here).map_err(|e| e.to_string())
+                    }),
+                };
+                match landed {
+                    Ok(()) => Ok(Collected {
+                        digest,
+                        size,
+                        upload,
+                    }),
+                    Err(why) => Err(CoordinatorError::Request(format!(
+                        "node {} reported {path} uploaded as {digest}, but the coordinator holds no such upload ({why}); collect it again",
+                        row.node_id
+                    ))),
+                }
+            }
             other => Err(unexpected(&row, "collect", &other)),
         }
     }
@@ -482,6 +515,16 @@ impl Coordinator {
             other => Err(CoordinatorError::Request(format!(
                 "node {node_id} answered replicate with {other:?}; run an agent of this coordinator's version"
             ))),
+        }
+    }
+
+    /// Whether `upload` names a collect under way that `node_id` was asked to send; its lock.
+    pub fn upload_expected(&self, upload: &str, node_id: &str) -> Result<UploadLock, String> {
+        match (self.live.uploads.lock().expect("uploads")).get(upload) {
+            Some((node, lock)) if node == node_id => Ok(lock.clone()),
+            _ => Err(format!(
+                "no collect under way expects upload {upload} from this node; collect it again"
+            )),
         }
     }
 

@@ -274,13 +274,7 @@ async fn handle_tls(
         }
         Up::Hello { node_id } => session(coordinator, config, stream, cert, node_id).await,
         Up::Relay { node_id, command } if peer => {
-            let answer = match coordinator.call_held(&node_id, command).await {
-                Ok(answer) => answer,
-                Err(e) => Err(protocol::Refusal::new(
-                    protocol::RefusalClass::NoSession,
-                    e.to_string(),
-                )),
-            };
+            let answer = coordinator.relayed(&node_id, command).await;
             protocol::write_msg(&mut stream, &Down::Relayed { answer })
                 .await
                 .map_err(|e| e.to_string())
@@ -318,12 +312,23 @@ async fn handle_tls(
         }
         Up::Upload {
             node_id,
-            digest,
+            upload,
             size,
         } => {
             known_node(coordinator, &cert, &node_id).await?;
+            let lock = match coordinator.upload_expected(&upload, &node_id) {
+                Ok(lock) => lock,
+                Err(message) => {
+                    let refused = Down::ContentRefused {
+                        message: message.clone(),
+                    };
+                    let _ = protocol::write_msg(&mut stream, &refused).await;
+                    return Err(message);
+                }
+            };
+            let _one_try_at_a_time = lock.lock().await;
             coordinator
-                .receive_content(&mut stream, &node_id, &digest, size)
+                .receive_content(&mut stream, &node_id, &upload, size)
                 .await
         }
         _ => Err("a first message that is neither join, hello, fetch nor upload".into()),

@@ -138,8 +138,7 @@ fn open_node(config: &AgentConfig, node_id: &str) -> Result<Node, AgentError> {
     let process = match &config.supervisor {
         Some(path) => ProcessRuntime::new(path, run_store),
         None => ProcessRuntime::beside_current_exe(run_store)?,
-    }
-    .with_scratch(crate::node::scratch_dir(&config.state));
+    };
     // Containers carry the node's id, so agents sharing an engine keep to their own.
     let runtime = Routed::new(
         process,

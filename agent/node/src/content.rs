@@ -11,7 +11,7 @@ use sha2::Sha256;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncSeekExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -65,64 +65,105 @@ impl ContentLink {
         .await
     }
 
-    /// Sends `file` (of `size` bytes, hashing to `digest`) to the coordinator's blob store.
+    /// Sends `file` (its first `size` bytes; `what` names it in errors) as the collect the
+    /// coordinator named `upload`, hashing it as it goes, and returns its digest, which the
+    /// coordinator checked. A cut connection resumes from what the coordinator holds.
     pub async fn upload(
         &self,
-        file: &Path,
-        digest: &Digest,
+        file: &std::fs::File,
+        upload: &str,
+        what: &str,
         size: u64,
-    ) -> Result<(), ContentError> {
-        retrying(digest, || self.upload_once(file, digest, size)).await
+    ) -> Result<Digest, ContentError> {
+        retrying(&what, || self.upload_once(file, upload, what, size)).await
     }
 
     async fn upload_once(
         &self,
-        file: &Path,
-        digest: &Digest,
+        file: &std::fs::File,
+        upload: &str,
+        what: &str,
         size: u64,
-    ) -> Result<(), ContentError> {
+    ) -> Result<Digest, ContentError> {
         let failed = |reason: String| ContentError::Failed {
-            digest: digest.clone(),
+            content: what.to_string(),
             reason,
         };
-        let mut source = tokio::fs::File::open(file)
-            .await
-            .map_err(|e| failed(format!("cannot read {} ({e})", file.display())))?;
+        let unreadable = |cause: String| {
+            failed(format!(
+                "cannot read it to its end ({cause}); if the run still writes it, collect it once it stopped"
+            ))
+        };
         let mut stream = self
             .open(
-                digest,
+                &what,
                 Up::Upload {
                     node_id: self.node_id.clone(),
-                    digest: digest.clone(),
+                    upload: upload.to_string(),
                     size,
                 },
             )
             .await?;
-        // The coordinator checks what it receives: no hash here.
-        match content::stream_exact(&mut source, &mut stream, size, None).await {
+        let offset = match self.answer(&what, &mut stream).await? {
+            Down::UploadFrom { offset } if offset <= size => offset,
+            other => return Err(unexpected(&what, &other)),
+        };
+        let mut source =
+            tokio::fs::File::from_std(file.try_clone().map_err(|e| unreadable(e.to_string()))?);
+        source
+            .seek(std::io::SeekFrom::Start(0))
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        // What the coordinator already holds is hashed here, not sent again.
+        let mut hasher = Sha256::default();
+        let sink = &mut tokio::io::sink();
+        match content::stream_exact(&mut source, sink, offset, Some(&mut hasher)).await {
             Streamed::Done => {}
-            Streamed::Cut { cause, .. } => {
-                return Err(failed(format!("cannot read {} ({cause})", file.display())));
-            }
+            Streamed::Cut { cause, .. } => return Err(unreadable(cause)),
+            Streamed::Write { cause, .. } => return Err(unreadable(cause.to_string())),
+        }
+        match content::stream_exact(&mut source, &mut stream, size - offset, Some(&mut hasher))
+            .await
+        {
+            Streamed::Done => {}
+            Streamed::Cut { cause, .. } => return Err(unreadable(cause)),
             Streamed::Write { got, cause } => {
                 return Err(ContentError::Cut {
-                    digest: digest.clone(),
-                    got,
+                    content: what.to_string(),
+                    got: offset + got,
                     size,
                     cause: cause.to_string(),
                 });
             }
         }
-        match self.answer(digest, &mut stream).await? {
-            Down::Stored { .. } => Ok(()),
-            other => Err(unexpected(digest, &other)),
+        let digest = Digest::from_hasher(hasher);
+        protocol::write_msg(
+            &mut stream,
+            &Up::Sent {
+                digest: digest.clone(),
+            },
+        )
+        .await
+        .map_err(|e| ContentError::Cut {
+            content: what.to_string(),
+            got: size,
+            size,
+            cause: e.to_string(),
+        })?;
+        match self.answer(&what, &mut stream).await? {
+            Down::Stored { digest: stored } if stored == digest => Ok(digest),
+            other => Err(unexpected(&what, &other)),
         }
     }
 
     /// A pinned connection whose first message is `first`.
-    async fn open(&self, digest: &Digest, first: Up) -> Result<TlsStream<TcpStream>, ContentError> {
+    async fn open(
+        &self,
+        what: &dyn std::fmt::Display,
+        first: Up,
+    ) -> Result<TlsStream<TcpStream>, ContentError> {
         let cut = |cause: String| ContentError::Cut {
-            digest: digest.clone(),
+            content: what.to_string(),
             got: 0,
             size: 0,
             cause,
@@ -132,7 +173,7 @@ impl ContentLink {
             .await
             .map_err(|e| match e.is_fatal() {
                 true => ContentError::Failed {
-                    digest: digest.clone(),
+                    content: what.to_string(),
                     reason: e.to_string(),
                 },
                 false => cut(e.to_string()),
@@ -147,11 +188,11 @@ impl ContentLink {
     /// The coordinator's answer on a content connection; a refusal as its own error.
     async fn answer(
         &self,
-        digest: &Digest,
+        what: &dyn std::fmt::Display,
         stream: &mut TlsStream<TcpStream>,
     ) -> Result<Down, ContentError> {
         let cut = |cause: String| ContentError::Cut {
-            digest: digest.clone(),
+            content: what.to_string(),
             got: 0,
             size: 0,
             cause,
@@ -161,7 +202,7 @@ impl ContentLink {
             Ok(Err(e)) => Err(cut(e.to_string())),
             Ok(Ok(None)) => Err(cut("the coordinator closed the connection".into())),
             Ok(Ok(Some(Down::ContentRefused { message }))) => Err(ContentError::Failed {
-                digest: digest.clone(),
+                content: what.to_string(),
                 reason: format!("the coordinator refused it: {message}"),
             }),
             Ok(Ok(Some(down))) => Ok(down),
@@ -171,14 +212,14 @@ impl ContentLink {
 
 /// Runs a transfer again while it fails in a way another try may mend (a cut connection).
 pub async fn retrying<T, F: Future<Output = Result<T, ContentError>>>(
-    digest: &Digest,
+    what: &dyn std::fmt::Display,
     mut once: impl FnMut() -> F,
 ) -> Result<T, ContentError> {
     let mut tries = 1;
     loop {
         match once().await {
             Err(e) if e.is_retryable() && tries < TRIES => {
-                tracing::warn!(%digest, tries, "{e}");
+                tracing::warn!(content = %what, tries, "{e}");
                 tokio::time::sleep(Duration::from_millis(500) * tries).await;
                 tries += 1;
             }
@@ -220,7 +261,7 @@ where
     }
     if offset > size {
         return Err(ContentError::Cut {
-            digest: digest.clone(),
+            content: digest.to_string(),
             got: 0,
             size,
             cause: format!(
@@ -239,7 +280,7 @@ where
         Streamed::Cut { got, cause } => {
             let _ = file.sync_data().await;
             return Err(ContentError::Cut {
-                digest: digest.clone(),
+                content: digest.to_string(),
                 got: offset + got,
                 size,
                 cause,
@@ -283,15 +324,15 @@ fn disk_error(
         }
     } else {
         ContentError::Failed {
-            digest: digest.clone(),
+            content: digest.to_string(),
             reason: format!("cannot write under {} ({cause})", blobs.root().display()),
         }
     }
 }
 
-fn unexpected(digest: &Digest, down: &Down) -> ContentError {
+fn unexpected(what: &dyn std::fmt::Display, down: &Down) -> ContentError {
     ContentError::Failed {
-        digest: digest.clone(),
+        content: what.to_string(),
         reason: format!(
             "the coordinator answered {down:?}; run an agent of the coordinator's version"
         ),

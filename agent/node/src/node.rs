@@ -41,7 +41,15 @@ pub struct Node {
     artifacts: Option<(Blobs, Arc<LinkMeter>)>,
     /// A lock per digest being fetched.
     fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::Mutex<()>>>>,
+    /// When the content was last pruned.
+    pruned_at: std::sync::Mutex<Option<Instant>>,
 }
+
+/// Content no run record refers to is removed once untouched this long: the grace covers a
+/// staged program whose run has not started yet, and a start between its fetch and its record.
+pub const CONTENT_GRACE: Duration = Duration::from_secs(600);
+/// How often the content is looked over for what to prune.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 impl Node {
     pub fn open(state: &Path, runtime: Arc<dyn Runtime>) -> Result<Node, StateError> {
@@ -56,6 +64,7 @@ impl Node {
             content: None,
             artifacts: None,
             fetching: Default::default(),
+            pruned_at: Default::default(),
         })
     }
 
@@ -125,8 +134,9 @@ impl Node {
             Command::Collect {
                 run_id,
                 path,
+                upload,
                 max_bytes,
-            } => self.collect(run_id, path, max_bytes.unwrap_or(u64::MAX)),
+            } => self.collect(run_id, path, upload, max_bytes.unwrap_or(u64::MAX)),
             Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
@@ -142,6 +152,40 @@ impl Node {
         answer
     }
 
+    /// Removes the content no run record refers to any more (its record forgotten once the run
+    /// store's retention retired the run, or never made: a stage no run followed), once
+    /// untouched for `grace`, and what fetches left unfinished; returns the digests removed.
+    pub fn prune_content(&self, grace: Duration) -> Result<Vec<Digest>, StateError> {
+        let runs = self.store.runs()?;
+        let referred: std::collections::HashSet<&Digest> =
+            runs.iter().flat_map(|r| r.content()).collect();
+        let held = self.blobs.list().unwrap_or_default();
+        let mut removed = Vec::new();
+        for (digest, age) in held {
+            if age >= grace
+                && !referred.contains(&digest)
+                && std::fs::remove_file(self.blobs.path(&digest)).is_ok()
+            {
+                tracing::info!(%digest, "removed content no run refers to");
+                removed.push(digest);
+            }
+        }
+        let _ = self.blobs.remove_stale(grace);
+        Ok(removed)
+    }
+
+    /// [`Node::prune_content`] with [`CONTENT_GRACE`], at most once a minute.
+    pub fn prune_content_when_due(&self) {
+        let mut at = self.pruned_at.lock().expect("prune time");
+        if at.is_some_and(|t| t.elapsed() < PRUNE_EVERY) {
+            return;
+        }
+        *at = Some(Instant::now());
+        if let Err(e) = self.prune_content(CONTENT_GRACE) {
+            tracing::warn!("cannot prune the node's content: {e}");
+        }
+    }
+
     /// The checked local copy of `digest`, fetched from the coordinator when not held yet.
     fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
         // One fetch per digest at a time: fetches of one digest share its partial file.
@@ -152,6 +196,9 @@ impl Node {
         let _one = lock.lock().expect("a fetch lock");
         let held = self.blobs.path(digest);
         if held.is_file() {
+            // Used now: the prune's grace starts again.
+            let _ = std::fs::File::open(&held)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
             return Ok(held);
         }
         let Some(link) = &self.content else {
@@ -214,7 +261,13 @@ impl Node {
             Ok(i) => i,
             Err(refusal) => return self.fail_run(start, refusal),
         };
-        if let Err(e) = self.store.track_run(run_id, &start.workload) {
+        let content: Vec<Digest> = start
+            .options
+            .inputs
+            .iter()
+            .map(|(_, d)| d.clone())
+            .collect();
+        if let Err(e) = self.store.track_run_with(run_id, &start.workload, &content) {
             return Err(store_failed(e));
         }
         let spec = RunSpec {
@@ -337,35 +390,36 @@ impl Node {
         })
     }
 
-    /// Collects the file into a scratch file (bounded by `max_bytes`), then uploads it.
-    fn collect(&self, run_id: &str, path: &str, max_bytes: u64) -> Answer {
+    /// Opens the run's file (bounded by `max_bytes`; the process runtime reads it in place, a
+    /// runtime that cannot copies it to scratch first) and uploads it, hashed as it goes.
+    fn collect(&self, run_id: &str, path: &str, upload: &str, max_bytes: u64) -> Answer {
         let other = |m: String| Refusal::new(RefusalClass::Other, m);
         std::fs::create_dir_all(&self.scratch)
             .map_err(|e| other(format!("cannot create {}: {e}", self.scratch.display())))?;
         let n = COLLECTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let file = self
+        let scratch = self
             .scratch
             .join(format!("collect-{}-{n}", std::process::id()));
-        let result = (|| {
-            let collected = self
-                .runtime
-                .collect_file(run_id, path, max_bytes, &file)
-                .map_err(refused)?;
-            let Some(link) = &self.content else {
-                return Err(other(format!(
-                    "run {run_id}: collect {path}: this node has no content path to a coordinator"
-                )));
-            };
-            tokio::runtime::Handle::current()
-                .block_on(link.upload(&file, &collected.digest, collected.size))
-                .map_err(content_refused)?;
-            Ok(Reply::Collected {
-                digest: collected.digest,
-                size: collected.size,
-            })
-        })();
-        let _ = std::fs::remove_file(&file);
-        result
+        let collected = (self.runtime)
+            .open_collected(run_id, path, max_bytes, &scratch)
+            .map_err(refused)?;
+        let Some(link) = &self.content else {
+            return Err(other(format!(
+                "run {run_id}: collect {path}: this node has no content path to a coordinator"
+            )));
+        };
+        // The run may still write the file: what the node hashed as it sent is what the
+        // coordinator checks, and a change between a cut try and the next fails that check.
+        let digest = tokio::runtime::Handle::current()
+            .block_on(link.upload(
+                &collected.file,
+                upload,
+                &format!("{path} of run {run_id}"),
+                collected.size,
+            ))
+            .map_err(content_refused)?;
+        let size = collected.size;
+        Ok(Reply::Collected { digest, size })
     }
 }
 

@@ -451,7 +451,9 @@ impl Session<'_> {
         let (report, tidied) = blocking(move || {
             let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
             let record = |run: &str| node.store.run(run).ok().flatten().map(|r| r.state);
-            Ok::<_, crate::state::StateError>((report, node.runtime.tidy(&record)))
+            let tidied = node.runtime.tidy(&record);
+            node.prune_content_when_due();
+            Ok::<_, crate::state::StateError>((report, tidied))
         })
         .await
         .map_err(Ended::Store)?;

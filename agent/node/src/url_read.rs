@@ -29,11 +29,11 @@ pub async fn open(
     deadline: Instant,
 ) -> Result<(Body, u64, u64), ContentError> {
     let failed = |reason: String| ContentError::Failed {
-        digest: digest.clone(),
+        content: digest.to_string(),
         reason,
     };
     let cut = |cause: String| ContentError::Cut {
-        digest: digest.clone(),
+        content: digest.to_string(),
         got: offset,
         size: 0,
         cause,

@@ -14,7 +14,8 @@ pub const CHUNK: usize = 256 << 10;
 
 static TEMPS: AtomicU64 = AtomicU64::new(0);
 
-/// Why content could not be moved or used; every message names the digest and what to do.
+/// Why content could not be moved or used; every message names the content (its digest, or an
+/// upload's file before it is hashed) and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ContentError {
     #[error(
@@ -30,16 +31,17 @@ pub enum ContentError {
         cause: io::Error,
     },
     #[error(
-        "content {digest}: the transfer stopped after {got} of {size} bytes ({cause}); the next try resumes from there"
+        "content {content}: the transfer stopped after {got} of {size} bytes ({cause}); the next try resumes from there"
     )]
     Cut {
-        digest: Digest,
+        /// The content's digest, or for an upload not hashed yet, its file.
+        content: String,
         got: u64,
         size: u64,
         cause: String,
     },
-    #[error("content {digest}: {reason}")]
-    Failed { digest: Digest, reason: String },
+    #[error("content {content}: {reason}")]
+    Failed { content: String, reason: String },
 }
 
 impl ContentError {
@@ -50,7 +52,9 @@ impl ContentError {
 }
 
 /// Content-addressed files under one folder: `sha256/HEX` when whole and checked, `partial/HEX`
-/// while a fetch is under way (kept across cuts, so a fetch resumes), `tmp/` for uploads.
+/// while a fetch is under way (kept across cuts, so a fetch resumes), `collected/NAME.partial`
+/// while a collect's upload is under way (likewise) and `collected/NAME` once it is checked,
+/// until the CLI moves it to `--out`; `tmp/` for imports.
 #[derive(Debug, Clone)]
 pub struct Blobs {
     root: PathBuf,
@@ -77,6 +81,18 @@ impl Blobs {
     /// Where a fetch of `digest` keeps what arrived so far.
     pub fn partial(&self, digest: &Digest) -> PathBuf {
         self.root.join("partial").join(digest.hex())
+    }
+
+    /// Where the checked upload of the collect named `upload` waits for the CLI.
+    pub fn collected(&self, upload: &str) -> PathBuf {
+        self.root.join("collected").join(upload)
+    }
+
+    /// Where the upload of the collect named `upload` keeps what arrived so far.
+    pub fn collected_partial(&self, upload: &str) -> PathBuf {
+        self.root
+            .join("collected")
+            .join(format!("{upload}.partial"))
     }
 
     /// A fresh temporary file name in this store.
@@ -112,13 +128,37 @@ impl Blobs {
 
     /// Moves a checked file into place under its digest: fsync, rename, fsync of the folder.
     pub fn commit(&self, file: &Path, digest: &Digest) -> io::Result<PathBuf> {
-        File::open(file)?.sync_all()?;
         let dest = self.path(digest);
-        let dir = dest.parent().expect("blob paths have a folder");
-        fs::create_dir_all(dir)?;
-        fs::rename(file, &dest)?;
-        File::open(dir)?.sync_all()?;
+        settle(file, &dest)?;
         Ok(dest)
+    }
+
+    /// Puts the checked upload of the collect named `upload` in place for the CLI.
+    pub fn settle_collected(&self, file: &Path, upload: &str) -> io::Result<()> {
+        settle(file, &self.collected(upload))
+    }
+
+    /// Removes what transfers left behind and nobody finished (partial fetches and uploads,
+    /// uploads never taken, temporary files) once untouched for `grace`; returns them.
+    pub fn remove_stale(&self, grace: std::time::Duration) -> io::Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        for folder in ["partial", "collected", "tmp"] {
+            let entries = match fs::read_dir(self.root.join(folder)) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            for entry in entries {
+                let path = entry?.path();
+                let Ok(age) = fs::metadata(&path).and_then(|m| m.modified()) else {
+                    continue;
+                };
+                if age.elapsed().unwrap_or_default() >= grace && fs::remove_file(&path).is_ok() {
+                    removed.push(path);
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Streams a file into the store (hashing as it reads) and returns its digest and size.
@@ -141,49 +181,62 @@ impl Blobs {
         result
     }
 
-    /// Copies the blob of `digest` to `out` atomically, checking its bytes as they are copied;
-    /// on any failure nothing is left at `out`.
-    pub fn export(&self, digest: &Digest, out: &Path) -> Result<u64, ContentError> {
-        let failed = |reason: String| ContentError::Failed {
-            digest: digest.clone(),
-            reason,
+    /// Moves the checked upload of the collect named `upload` to `out`, atomically: renamed
+    /// when both are on one filesystem (no pass over the bytes: they were checked against
+    /// `digest` as they arrived, into a file no one else writes), else copied beside `out`,
+    /// synced and renamed. On any failure nothing is left at `out`.
+    pub fn take_collected(
+        &self,
+        upload: &str,
+        digest: &Digest,
+        out: &Path,
+    ) -> Result<(), ContentError> {
+        let failed = |e: io::Error| ContentError::Failed {
+            content: digest.to_string(),
+            reason: format!("cannot write {} ({e})", out.display()),
         };
+        let from = self.collected(upload);
         let dir = match out.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-        let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let result = (|| {
-            let mut reader = File::open(self.path(digest)).map_err(|e| {
-                failed(format!(
-                    "the coordinator holds no copy ({e}); collect it again"
-                ))
-            })?;
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&temp)
-                .map_err(|e| failed(format!("cannot write {} ({e})", temp.display())))?;
-            let (got, size) = copy_hashing(&mut reader, &mut file)
-                .map_err(|e| failed(format!("cannot copy it to {} ({e})", out.display())))?;
-            if got != *digest {
-                return Err(ContentError::Mismatch {
-                    digest: digest.clone(),
-                    got,
+        match fs::rename(&from, out) {
+            Ok(()) => return File::open(dir).and_then(|d| d.sync_all()).map_err(failed),
+            Err(e) if e.raw_os_error() == Some(EXDEV) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !from.exists() => {
+                return Err(ContentError::Failed {
+                    content: digest.to_string(),
+                    reason: "the coordinator holds no upload of it any more; collect it again"
+                        .into(),
                 });
             }
-            file.sync_all()
-                .and_then(|()| fs::rename(&temp, out))
-                .map_err(|e| failed(format!("cannot write {} ({e})", out.display())))?;
-            Ok(size)
-        })();
+            Err(e) => return Err(failed(e)),
+        }
+        let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+        let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        let result = fs::copy(&from, &temp).and_then(|_| settle(&temp, out));
         if result.is_err() {
             let _ = fs::remove_file(&temp);
         }
-        result
+        result.map_err(failed)?;
+        let _ = fs::remove_file(&from);
+        Ok(())
     }
+}
+
+/// `rename(2)` across filesystems.
+const EXDEV: i32 = 18;
+
+/// Puts a written file in place for good: fsync, rename to `dest`, fsync of its folder.
+fn settle(file: &Path, dest: &Path) -> io::Result<()> {
+    File::open(file)?.sync_all()?;
+    let dir = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(dir)?;
+    fs::rename(file, dest)?;
+    File::open(dir)?.sync_all()
 }
 
 /// Copies everything, hashing it, through one buffer.
@@ -291,7 +344,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn import_and_export_check_the_digest() {
+    fn import_checks_the_digest_and_a_taken_upload_lands_whole_or_not_at_all() {
         let dir = std::env::temp_dir().join(format!("blobs-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
@@ -302,25 +355,62 @@ mod tests {
         assert_eq!(size, 5);
         assert_eq!(digest, Digest::of_reader(&b"hello"[..]).unwrap());
         assert!(blobs.has(&digest));
+
+        // A checked upload is moved to --out, and is gone from the store.
+        fs::create_dir_all(dir.join("blobs/collected")).unwrap();
+        fs::write(blobs.collected("u1"), b"hello").unwrap();
         let out = dir.join("out");
-        assert_eq!(blobs.export(&digest, &out).unwrap(), 5);
+        blobs.take_collected("u1", &digest, &out).unwrap();
         assert_eq!(fs::read(&out).unwrap(), b"hello");
-        // A blob changed on disk is refused, and nothing lands at --out.
-        fs::write(blobs.path(&digest), b"hellO").unwrap();
+        assert!(!blobs.collected("u1").exists());
+        // One taken already (or swept) is named, and nothing lands at --out.
         let out2 = dir.join("out2");
-        let err = blobs.export(&digest, &out2).unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with(&format!("content {digest}: the bytes received hash to")),
-            "{err}"
+        let err = blobs.take_collected("u1", &digest, &out2).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "content {digest}: the coordinator holds no upload of it any more; collect it again"
+            )
         );
         assert!(!out2.exists());
+        // Onto another filesystem (tmpfs, where there is one): copied whole, no temporary left.
+        let shm = Path::new("/dev/shm");
+        use std::os::unix::fs::MetadataExt;
+        if shm.is_dir() && fs::metadata(shm).unwrap().dev() != fs::metadata(&dir).unwrap().dev() {
+            fs::write(blobs.collected("u2"), b"hello").unwrap();
+            let far = shm.join(format!("blobs-test-{}", std::process::id()));
+            blobs.take_collected("u2", &digest, &far).unwrap();
+            assert_eq!(fs::read(&far).unwrap(), b"hello");
+            assert!(!blobs.collected("u2").exists());
+            fs::remove_file(&far).unwrap();
+            let left = fs::read_dir(shm)
+                .unwrap()
+                .filter(|e| {
+                    (e.as_ref().unwrap().file_name().to_string_lossy())
+                        .contains(&format!("tmp-{}", std::process::id()))
+                })
+                .count();
+            assert_eq!(left, 0, "no temporary file left");
+        }
         let names: Vec<_> = fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 3, "no temporary file left: {names:?}");
         assert_eq!(fs::read_dir(dir.join("blobs/tmp")).unwrap().count(), 0);
+
+        // What transfers left behind goes once untouched for the grace; whole blobs stay.
+        fs::write(blobs.collected_partial("u3"), b"hel").unwrap();
+        assert!(
+            (blobs
+                .remove_stale(std::time::Duration::from_secs(60))
+                .unwrap())
+            .is_empty(),
+            "too young"
+        );
+        let removed = blobs.remove_stale(std::time::Duration::ZERO).unwrap();
+        assert_eq!(removed, [blobs.collected_partial("u3")]);
+        assert!(blobs.has(&digest));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

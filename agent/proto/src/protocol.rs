@@ -37,11 +37,13 @@ pub enum Up {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ticket: Option<String>,
     },
-    /// The first message of an upload: `size` raw bytes of `digest` follow; the coordinator
-    /// answers [`Down::Stored`] once they are checked and in its blob store.
+    /// The first message of an upload for the collect the coordinator named `upload`: the
+    /// coordinator answers [`Down::UploadFrom`] (what it already holds of it), the node sends
+    /// the rest of the `size` bytes raw, then [`Up::Sent`]; the coordinator answers
+    /// [`Down::Stored`] once what it holds hashes to that digest and is in place.
     Upload {
         node_id: String,
-        digest: Digest,
+        upload: String,
         size: u64,
     },
     /// From another coordinator of the same fleet (it proves the fleet's key): pass `command` to
@@ -49,6 +51,10 @@ pub enum Up {
     Relay {
         node_id: String,
         command: Command,
+    },
+    /// After an upload's bytes: the digest the node hashed them to, as it sent them.
+    Sent {
+        digest: Digest,
     },
     Facts {
         facts: Facts,
@@ -101,6 +107,10 @@ pub enum Down {
     Content {
         size: u64,
     },
+    /// On an upload connection: send from byte `offset` (what an earlier, cut try left).
+    UploadFrom {
+        offset: u64,
+    },
     /// On an upload connection: the bytes landed, checked, under their digest.
     Stored {
         digest: Digest,
@@ -136,6 +146,8 @@ pub enum Command {
     Collect {
         run_id: String,
         path: String,
+        /// The coordinator's name for this collect's upload (what a resumed try continues).
+        upload: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_bytes: Option<u64>,
     },

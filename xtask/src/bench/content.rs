@@ -1,8 +1,9 @@
 //! `cargo xtask bench content`: 1 GiB of incompressible bytes staged onto a node (an artifact
 //! replicated through a one-time ticket: the node's whole copy, TLS, disk and hash) and a 1 GiB
-//! file collected back (`collect --out`: the node's upload, the coordinator's check, the atomic
-//! copy), against `curl` over HTTPS on the same loopback moving the same bytes from `openssl
-//! s_server` (the floor), with the peak RSS of the agent and the coordinator.
+//! file collected back (`collect --out`: the node's upload hashed as it is sent, the
+//! coordinator's check, the move to --out), against `curl` over HTTPS on the same loopback moving the same bytes from
+//! `openssl s_server` (the floor) and `scp` both ways through a private `sshd` on loopback, with
+//! the peak RSS of the agent and the coordinator.
 use crate::cross;
 use crate::fleet::{self, Coordinator, wait_for_log};
 use crate::util::{measure, median, record_benchmark};
@@ -95,6 +96,7 @@ pub fn run() -> Result<()> {
 
     let curl_s = curl_floor(&work, &data)?;
     let (stage, collect, curl) = (median(&stage_s), median(&collect_s), median(&curl_s));
+    let scp = scp_both_ways(&work, &data).map(|(to, from)| (median(&to), median(&from)));
     let mib = SIZE_MIB as f64;
     let row = |what: &str, s: f64| {
         format!(
@@ -104,23 +106,32 @@ pub fn run() -> Result<()> {
         )
     };
     let verdict = |ratio: f64| if ratio <= 1.2 { "meets" } else { "misses" };
+    let scp_rows = match &scp {
+        Ok((to, from)) => format!(
+            "{}\n{}",
+            row("scp to a local sshd", *to),
+            row("scp from a local sshd", *from)
+        ),
+        Err(e) => format!("| scp over a local sshd | not measured: {e:#} | | |"),
+    };
     let markdown = format!(
         "## Content: 1 GiB staged and collected (`cargo xtask bench content`)\n\n\
          Static release binaries on loopback, {SIZE_MIB} MiB of incompressible bytes, median of \
          {SAMPLES}. Staged: an artifact replicated with a one-time ticket, as the node times the \
          whole copy (pinned TLS, disk write and SHA-256 in one pass, fsync and rename). Collected: \
-         `collect --out` wall time (the supervisor's copy out of the run, the upload, the \
-         coordinator's check, the checked atomic copy to --out). Floor: `curl` downloading the \
-         same bytes over HTTPS from `openssl s_server -WWW` (its whole process: start, \
-         handshake, transfer, write). `scp` over a local sshd: not measured (no sshd on this \
-         machine). Target: within 1.2x of the floor.\n\n\
-         | what | time | rate | vs curl |\n|---|---|---|---|\n{}\n{}\n{}\n\n\
+         `collect --out` wall time (the node's upload of the run's file, read in place and \
+         hashed as it is sent, the coordinator's check as the bytes land and their fsync, and \
+         the rename to --out). Floor: `curl` downloading the same bytes over HTTPS from `openssl s_server \
+         -WWW` (its whole process: start, handshake, transfer, write). Beside it: `scp` of the \
+         same file to and from a private `sshd` on loopback (its own host key, \
+         authorized_keys and config). Target: within 1.2x of the floor.\n\n\
+         | what | time | rate | vs curl |\n|---|---|---|---|\n{}\n{}\n{}\n{scp_rows}\n\n\
          Peak RSS after staging and collecting 1 GiB {SAMPLES} times each: coordinator \
          {coordinator_rss} MiB, agent {agent_rss} MiB (target: under 64 MiB).\n\n\
-         Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes three \
-         times where curl passes once: the supervisor's copy out of the run into the upload's \
-         file, the upload with the coordinator's hash, and the CLI's checked copy to --out with \
-         its fsync.\n",
+         Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes once \
+         on each side: the node reads the run's file in place and hashes it as it sends it, the \
+         coordinator decrypts, hashes, writes and fsyncs it, and `collect --out` renames the \
+         checked file into place.\n",
         row("staged (node copy)", stage),
         row("collected (collect --out)", collect),
         row("curl over HTTPS (floor)", curl),
@@ -173,6 +184,87 @@ fn peak_rss_mib(pid: u32) -> Result<u64> {
         .and_then(|v| v.parse().ok())
         .context("no VmHWM")?;
     Ok(kib >> 10)
+}
+
+/// `scp` of `data` to and then from a private `sshd` on loopback (its own host and client
+/// keys, authorized_keys and config, in the foreground), SAMPLES times each way.
+fn scp_both_ways(work: &Path, data: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
+    let sshd = Path::new("/usr/sbin/sshd");
+    if !sshd.exists() || !crate::util::have("scp") {
+        bail!("no sshd or scp here (Debian: openssh-server, openssh-client)");
+    }
+    let dir = work.join("ssh");
+    std::fs::create_dir_all(&dir)?;
+    for key in ["host_key", "client_key"] {
+        let made = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(dir.join(key))
+            .status()?;
+        if !made.success() {
+            bail!("ssh-keygen could not make {key}");
+        }
+    }
+    std::fs::copy(dir.join("client_key.pub"), dir.join("authorized_keys"))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let config = dir.join("sshd_config");
+    std::fs::write(
+        &config,
+        format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
+             PidFile none\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+             PubkeyAuthentication yes\nUsePAM no\nStrictModes no\n\
+             Subsystem sftp internal-sftp\n",
+            dir.join("host_key").display(),
+            dir.join("authorized_keys").display(),
+        ),
+    )?;
+    // sshd run as root wants its privilege separation folder, which the system service makes.
+    let _ = std::fs::create_dir_all("/run/sshd");
+    let log = dir.join("sshd.log");
+    let mut server = fleet::Proc::spawn(
+        Command::new(sshd)
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?),
+    )?;
+    wait_for_log(&log, "Server listening", Duration::from_secs(10))
+        .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    let user = String::from_utf8(Command::new("id").arg("-un").output()?.stdout)?;
+    let remote = format!("{}@127.0.0.1:", user.trim());
+    let scp = |from: &str, to: &str| -> Result<f64> {
+        let m = measure(
+            Command::new("scp")
+                .args(["-q", "-P", &port.to_string(), "-i"])
+                .arg(dir.join("client_key"))
+                .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
+                .args(["-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
+                .args([from, to]),
+        )?;
+        Ok(m.seconds)
+    };
+    let (up, down) = (dir.join("up.bin"), dir.join("down.bin"));
+    let (data, up, down) = (
+        data.to_string_lossy(),
+        up.to_string_lossy(),
+        down.to_string_lossy(),
+    );
+    let (mut to, mut from) = (Vec::new(), Vec::new());
+    for _ in 0..SAMPLES {
+        to.push(scp(&data, &format!("{remote}{up}"))?);
+        from.push(scp(&format!("{remote}{up}"), &down)?);
+        if std::fs::metadata(&*down)?.len() != SIZE_MIB << 20 {
+            bail!(
+                "scp moved {} bytes, not the whole file",
+                std::fs::metadata(&*down)?.len()
+            );
+        }
+    }
+    server.stop();
+    Ok((to, from))
 }
 
 /// `curl` fetching `data` over HTTPS from `openssl s_server -WWW` on loopback, SAMPLES times.

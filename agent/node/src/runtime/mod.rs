@@ -23,7 +23,8 @@ pub use routed::Routed;
 pub use watch::{SyncReport, sync_run, sync_runs};
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::io::Seek;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Everything needed to start one run: a staged program or an image, both by digest.
@@ -92,6 +93,34 @@ pub struct Collected {
     pub size: u64,
 }
 
+/// A file collected out of a run, open for reading from its start: the run's own file, or a
+/// copy that is removed when this is dropped.
+#[derive(Debug)]
+pub struct CollectedFile {
+    pub file: std::fs::File,
+    pub size: u64,
+    copy: Option<PathBuf>,
+}
+
+impl CollectedFile {
+    /// The run's own file, read in place.
+    pub fn in_place(file: std::fs::File, size: u64) -> CollectedFile {
+        CollectedFile {
+            file,
+            size,
+            copy: None,
+        }
+    }
+}
+
+impl Drop for CollectedFile {
+    fn drop(&mut self) {
+        if let Some(copy) = &self.copy {
+            let _ = std::fs::remove_file(copy);
+        }
+    }
+}
+
 /// The operations the agent needs from a runtime. Every method blocks; see the module docs.
 pub trait Runtime: Send + Sync {
     /// Stages a program file by digest and returns the digest.
@@ -112,20 +141,34 @@ pub trait Runtime: Send + Sync {
         max_bytes: u64,
         sink: &mut dyn std::io::Write,
     ) -> Result<Collected, RuntimeError>;
-    /// Like [`Runtime::collect`], into a new file at `out` (which the caller removes). A runtime
-    /// that can write the file directly saves a pass over the bytes.
-    fn collect_file(
+    /// Opens a file of the run's folder to send on, refusing one over `max_bytes` before any
+    /// byte is sent. By default a copy through [`Runtime::collect`] into a new file at `scratch`
+    /// (removed when the [`CollectedFile`] is dropped); a runtime that can open the run's own
+    /// file safely saves that pass over the bytes.
+    fn open_collected(
         &self,
         run_id: &str,
         path: &str,
         max_bytes: u64,
-        out: &std::path::Path,
-    ) -> Result<Collected, RuntimeError> {
-        let mut file = std::fs::File::create(out).map_err(|e| RuntimeError::Refused {
+        scratch: &Path,
+    ) -> Result<CollectedFile, RuntimeError> {
+        let failed = |e: std::io::Error| RuntimeError::Refused {
             run_id: run_id.to_string(),
-            reason: format!("cannot write {}: {e}", out.display()),
-        })?;
-        self.collect(run_id, path, max_bytes, &mut file)
+            reason: format!("cannot write {}: {e}", scratch.display()),
+        };
+        let mut file = (std::fs::File::options().read(true).write(true))
+            .create_new(true)
+            .open(scratch)
+            .map_err(failed)?;
+        let mut copy = CollectedFile {
+            size: 0,
+            file: file.try_clone().map_err(failed)?,
+            copy: Some(scratch.to_path_buf()),
+        };
+        let collected = self.collect(run_id, path, max_bytes, &mut file)?;
+        file.seek(std::io::SeekFrom::Start(0)).map_err(failed)?;
+        copy.size = collected.size;
+        Ok(copy)
     }
     /// Every run the runtime holds.
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError>;

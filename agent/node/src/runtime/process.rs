@@ -1,8 +1,8 @@
 //! [`ProcessRuntime`]: runs programs through the `fleet-run-supervisor` command line, one short
 //! child process per call, so runs are detached from the agent and survive its restarts.
 use super::{
-    Collected, Outcome, RunReport, RunSpec, RunState, RunStatus, Runtime, RuntimeError, Started,
-    Workload,
+    Collected, CollectedFile, Outcome, RunReport, RunSpec, RunState, RunStatus, Runtime,
+    RuntimeError, Started, Workload,
 };
 use fleet_proto::Digest;
 use fleet_proto::run::OutputEnd;
@@ -21,8 +21,6 @@ pub use run_store::layout::DEFAULT_ROOT;
 pub struct ProcessRuntime {
     supervisor: PathBuf,
     root: PathBuf,
-    /// Where collected files wait before they are streamed on.
-    scratch: PathBuf,
 }
 
 impl ProcessRuntime {
@@ -31,15 +29,7 @@ impl ProcessRuntime {
         ProcessRuntime {
             supervisor: supervisor.into(),
             root: root.into(),
-            scratch: std::env::temp_dir(),
         }
-    }
-
-    /// Collected files pass through `dir` (the agent's own scratch folder) instead of the
-    /// system's temporary folder.
-    pub fn with_scratch(mut self, dir: impl Into<PathBuf>) -> ProcessRuntime {
-        self.scratch = dir.into();
-        self
     }
 
     /// A runtime using the supervisor shipped beside the running executable.
@@ -250,56 +240,49 @@ impl Runtime for ProcessRuntime {
         run_id: &str,
         path: &str,
         max_bytes: u64,
-        sink: &mut dyn std::io::Write,
+        mut sink: &mut dyn std::io::Write,
     ) -> Result<Collected, RuntimeError> {
-        // The supervisor copies the file out without following links; it lands in a private
-        // temporary file that is streamed on and then removed.
-        let out = self.scratch.join(format!(
-            ".collect-{}-{}",
-            std::process::id(),
-            COLLECTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        let _remove = RemoveOnDrop(&out);
-        std::fs::create_dir_all(&self.scratch).map_err(|e| RuntimeError::Refused {
-            run_id: run_id.to_string(),
-            reason: format!("cannot create {}: {e}", self.scratch.display()),
-        })?;
-        let digest = self.collect_to(run_id, path, &out)?;
-        let failed = |e: std::io::Error| RuntimeError::Refused {
-            run_id: run_id.to_string(),
-            reason: format!("cannot send the collected {path}: {e}"),
-        };
-        let mut file = std::fs::File::open(&out).map_err(failed)?;
-        let size = file.metadata().map_err(failed)?.len();
-        if size > max_bytes {
-            return Err(RuntimeError::TooLarge {
+        let mut collected = self.open_collected(run_id, path, max_bytes, Path::new(""))?;
+        let (digest, size) = fleet_proto::content::copy_hashing(&mut collected.file, &mut sink)
+            .map_err(|e| RuntimeError::Refused {
                 run_id: run_id.to_string(),
-                path: path.to_string(),
-                size,
-                limit: max_bytes,
-            });
-        }
-        std::io::copy(&mut file, sink).map_err(failed)?;
+                reason: format!("cannot send the collected {path}: {e}"),
+            })?;
         Ok(Collected { digest, size })
     }
 
-    /// The supervisor copies the file straight to `out`: one pass, no scratch copy.
-    fn collect_file(
+    /// The run's own file, opened without leaving its folder: no copy (`scratch` is unused).
+    fn open_collected(
         &self,
         run_id: &str,
         path: &str,
         max_bytes: u64,
-        out: &Path,
-    ) -> Result<Collected, RuntimeError> {
-        let digest = self.collect_to(run_id, path, out)?;
-        let size = std::fs::metadata(out)
+        _scratch: &Path,
+    ) -> Result<CollectedFile, RuntimeError> {
+        let id = run_store::RunId::parse(run_id).map_err(|e| RuntimeError::Refused {
+            run_id: run_id.to_string(),
+            reason: e.to_string(),
+        })?;
+        self.status(run_id)?;
+        let file = run_store::inside::open_in_run(&self.store(), &id, path.as_ref()).map_err(
+            |e| match e {
+                run_store::inside::OpenError::Escapes(_) => RuntimeError::PathEscapes {
+                    run_id: run_id.to_string(),
+                    path: path.to_string(),
+                },
+                e => RuntimeError::Refused {
+                    run_id: run_id.to_string(),
+                    reason: e.to_string(),
+                },
+            },
+        )?;
+        let size = (file.metadata())
             .map_err(|e| RuntimeError::Refused {
                 run_id: run_id.to_string(),
                 reason: format!("cannot read the collected {path}: {e}"),
             })?
             .len();
         if size > max_bytes {
-            let _ = std::fs::remove_file(out);
             return Err(RuntimeError::TooLarge {
                 run_id: run_id.to_string(),
                 path: path.to_string(),
@@ -307,7 +290,7 @@ impl Runtime for ProcessRuntime {
                 limit: max_bytes,
             });
         }
-        Ok(Collected { digest, size })
+        Ok(CollectedFile::in_place(file, size))
     }
 
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
@@ -316,50 +299,6 @@ impl Runtime for ProcessRuntime {
             reason: e.to_string(),
         })?;
         Ok(runs.into_iter().map(convert).collect())
-    }
-}
-
-static COLLECTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-struct RemoveOnDrop<'a>(&'a Path);
-
-impl Drop for RemoveOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(self.0);
-    }
-}
-
-impl ProcessRuntime {
-    /// `fleet-run-supervisor collect` into `out`; returns the digest it printed.
-    fn collect_to(&self, run_id: &str, path: &str, out: &Path) -> Result<Digest, RuntimeError> {
-        let args: Vec<OsString> = vec![
-            "collect".into(),
-            "--run".into(),
-            run_id.into(),
-            "--path".into(),
-            path.into(),
-            "--out".into(),
-            out.into(),
-        ];
-        match self.call_ok(&args) {
-            Ok(stdout) => digest_line(&stdout, "collect"),
-            Err(Failure::Said {
-                class: Refusal::PathEscapes,
-                ..
-            }) => Err(RuntimeError::PathEscapes {
-                run_id: run_id.to_string(),
-                path: path.to_string(),
-            }),
-            // A full disk here is the one `--out` is on, not the run store's.
-            Err(Failure::Said {
-                class: Refusal::DiskFull,
-                reason,
-            }) => Err(RuntimeError::Refused {
-                run_id: run_id.to_string(),
-                reason,
-            }),
-            Err(f) => Err(f.for_run(run_id)),
-        }
     }
 }
 

@@ -151,14 +151,16 @@ impl Runtime for Routed {
         }
     }
 
-    fn collect_file(
+    fn open_collected(
         &self,
         run_id: &str,
         path: &str,
         max_bytes: u64,
-        out: &std::path::Path,
-    ) -> Result<Collected, RuntimeError> {
-        self.routed(run_id, |rt| rt.collect_file(run_id, path, max_bytes, out))
+        scratch: &Path,
+    ) -> Result<super::CollectedFile, RuntimeError> {
+        self.routed(run_id, |rt| {
+            rt.open_collected(run_id, path, max_bytes, scratch)
+        })
     }
 
     fn tidy(

@@ -1,6 +1,7 @@
 //! Run records: the runs this node knows and the last state it spooled for each, so every
 //! transition is spooled exactly once, across restarts.
 use super::{Event, StateError, Store, now_unix_ms};
+use fleet_proto::Digest;
 use fleet_proto::run::{RunReport, RunState, Workload};
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
@@ -23,6 +24,20 @@ pub struct RunRecord {
     pub state: RunState,
     /// When `state` was recorded, in milliseconds since the Unix epoch.
     pub updated_unix_ms: u64,
+    /// The content its inputs were copied from (kept while this record is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<Digest>,
+}
+
+impl RunRecord {
+    /// The node's content this run refers to: its program and its inputs.
+    pub fn content(&self) -> impl Iterator<Item = &Digest> {
+        let program = match &self.workload {
+            Workload::Program(digest) => Some(digest),
+            Workload::Image(_) => None,
+        };
+        program.into_iter().chain(&self.inputs)
+    }
 }
 
 impl Store {
@@ -36,6 +51,16 @@ impl Store {
         run_id: &str,
         workload: &Workload,
     ) -> Result<Option<Event>, StateError> {
+        self.track_run_with(run_id, workload, &[])
+    }
+
+    /// Like [`Store::track_run`], noting the content the run's inputs come from.
+    pub fn track_run_with(
+        &self,
+        run_id: &str,
+        workload: &Workload,
+        inputs: &[Digest],
+    ) -> Result<Option<Event>, StateError> {
         self.write(|tx| {
             if self.get_run(tx, run_id)?.is_some() {
                 return Ok(None);
@@ -45,6 +70,7 @@ impl Store {
                 workload: workload.clone(),
                 state: RunState::Starting,
                 updated_unix_ms: now_unix_ms(),
+                inputs: inputs.to_vec(),
             };
             self.put_run(tx, &record)?;
             self.append_in(tx, run_id, RunState::Starting, RunReport::default())
