@@ -237,6 +237,15 @@ impl Live {
         }
     }
 
+    /// Whether this coordinator sweeps the fleet's runs: the first by address of those serving
+    /// the store now (or the only one).
+    pub fn sweeps(&self) -> bool {
+        let fleet = self.fleet.lock().expect("fleet");
+        fleet
+            .first()
+            .is_none_or(|first| Some(first) == self.address.get())
+    }
+
     /// The other coordinators serving the same store now.
     pub fn peers(&self) -> Vec<String> {
         let own = self.address.get();
@@ -417,7 +426,10 @@ impl Coordinator {
                 let landed = match here.is_file() {
                     true => Ok(()),
                     false => self.ensure_blob(&digest).await.and_then(|()| {
-                        std::fs::rename(self.blobs.path(&digest), &here).map_err(|e| e.to_string())
+                        let folder = here.parent().expect("a collected file has a folder");
+                        std::fs::create_dir_all(folder)
+                            .and_then(|()| std::fs::rename(self.blobs.path(&digest), &here))
+                            .map_err(|e| e.to_string())
                     }),
                 };
                 match landed {

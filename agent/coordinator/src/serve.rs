@@ -213,6 +213,11 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
             if let Err(e) = swept_by.sweep_blobs(crate::content::BLOB_GRACE) {
                 tracing::warn!("the blob sweep failed: {e}");
             }
+            // One coordinator of a fleet sweeps the runs (the first by address of those heard
+            // within a lease); when it goes away, the next one takes over.
+            if !swept_by.live.sweeps() {
+                return Ok(());
+            }
             swept_by.sweep(
                 config.waiting_timeout.as_millis() as u64,
                 up_since,

@@ -273,6 +273,12 @@ pub trait Backend: Send + Sync {
     /// backend may run `f` again after a conflict (a serialization failure in PostgreSQL); only
     /// the committed run's writes count.
     fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()>;
+    /// Writes heartbeats: only the lease and the time heard of each known node, never earlier
+    /// than what is there. Apart from the rules' transactions, so a backend may use a cheaper
+    /// isolation for these blind, monotonic writes.
+    fn write_leases(&self, beats: &[Beat]) -> StoreResult<()> {
+        self.write(&mut |tx| tx.touch_nodes(beats))
+    }
     /// Waits up to `timeout` for another coordinator of the same store to say that runs were
     /// put in the waiting index (a committed [`WriteTx::put_waiting`] says so): Ok(true) when one
     /// did. None from a store that only one coordinator opens, which has nobody to hear from.

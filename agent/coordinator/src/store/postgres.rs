@@ -413,6 +413,22 @@ impl Backend for PostgresBackend {
         })
     }
 
+    /// One statement at READ COMMITTED: the lease only grows (`GREATEST`), so a heartbeat needs
+    /// no serializable snapshot, and takes no predicate lock that would fail other coordinators'
+    /// transactions on the nodes table.
+    fn write_leases(&self, beats: &[Beat]) -> StoreResult<()> {
+        self.with_conn(|conn| {
+            self.begin(conn, "BEGIN ISOLATION LEVEL READ COMMITTED")?;
+            let mut tx = PgTx::new(conn);
+            let done = tx.touch_nodes(beats);
+            let end = conn.client.batch_execute(match done {
+                Ok(()) => "COMMIT",
+                Err(_) => "ROLLBACK",
+            });
+            done.and(end.map_err(fail))
+        })
+    }
+
     fn wait_for_waiting(&self, timeout: Duration) -> Option<StoreResult<bool>> {
         Some(self.listen(timeout))
     }
@@ -711,8 +727,8 @@ impl WriteTx for PgTx<'_> {
             "INSERT INTO nodes (id, record, last_heartbeat_ms, lease_until_ms)
              VALUES ($1, $2, $3, $4)
              ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record,
-                 last_heartbeat_ms = EXCLUDED.last_heartbeat_ms,
-                 lease_until_ms = EXCLUDED.lease_until_ms",
+                 last_heartbeat_ms = GREATEST(nodes.last_heartbeat_ms, EXCLUDED.last_heartbeat_ms),
+                 lease_until_ms = GREATEST(nodes.lease_until_ms, EXCLUDED.lease_until_ms)",
             &[&node.id, &json(node), &heard, &bigint(node.lease_until_ms)?],
         )
     }
@@ -724,7 +740,8 @@ impl WriteTx for PgTx<'_> {
             (beats.iter().map(|b| bigint(b.lease_until_ms))).collect::<StoreResult<Vec<_>>>()?;
         // One statement for the whole batch, in id order so that batches never deadlock.
         self.execute(
-            "UPDATE nodes SET last_heartbeat_ms = b.heard, lease_until_ms = b.lease
+            "UPDATE nodes SET last_heartbeat_ms = GREATEST(nodes.last_heartbeat_ms, b.heard),
+                              lease_until_ms = GREATEST(nodes.lease_until_ms, b.lease)
              FROM (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
                    AS b(id, heard, lease) ORDER BY id) b
              WHERE nodes.id = b.id",

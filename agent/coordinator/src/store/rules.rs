@@ -219,7 +219,8 @@ impl Store {
             Some(facts) => Change::Facts { beat, facts },
             None => Change::Beats(vec![beat]),
         };
-        self.apply_one(&change).map(drop)
+        let mut applied = self.apply(std::slice::from_ref(&change));
+        applied.pop().unwrap_or(Ok(Applied::Done)).map(drop)
     }
 
     /// Applies many changes in one transaction (one commit for all of them), and answers each.
@@ -227,15 +228,42 @@ impl Store {
     /// of its own, so one change's failure is its own; when the database cannot be reached, each
     /// is answered with that outage.
     pub fn apply(&self, changes: &[Change]) -> Vec<StoreResult<Applied>> {
+        // Heartbeats are blind writes of the lease: written apart, never conflicting with the rules.
+        let beats: Vec<Beat> = (changes.iter())
+            .filter_map(|c| match c {
+                Change::Beats(beats) => Some(beats.iter().cloned()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let beats_written = match beats.is_empty() {
+            true => Ok(()),
+            false => self.backend.write_leases(&beats),
+        };
         let keep = self.keep_final_runs;
         let together = self.write(|tx| {
             changes
                 .iter()
-                .map(|change| apply_change(tx, keep, change))
+                .map(|change| match change {
+                    Change::Beats(_) => Ok(Applied::Done),
+                    change => apply_change(tx, keep, change),
+                })
                 .collect::<StoreResult<Vec<Applied>>>()
         });
+        let together = match (together, &beats_written) {
+            (Ok(applied), Err(e)) => Ok(applied
+                .into_iter()
+                .zip(changes)
+                .map(|(applied, change)| match change {
+                    Change::Beats(_) => Err(outage_of(e)),
+                    _ => Ok(applied),
+                })
+                .collect::<Vec<_>>()),
+            (Ok(applied), Ok(())) => Ok(applied.into_iter().map(Ok).collect()),
+            (Err(e), _) => Err(e),
+        };
         match together {
-            Ok(applied) => applied.into_iter().map(Ok).collect(),
+            Ok(applied) => applied,
             Err(e) if e.is_outage() => changes.iter().map(|_| Err(outage_of(&e))).collect(),
             Err(_) if changes.len() > 1 => changes.iter().map(|c| self.apply_one(c)).collect(),
             Err(e) => vec![Err(e)],
