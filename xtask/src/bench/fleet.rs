@@ -203,7 +203,7 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind) -> Result<()> {
     println!("{markdown}");
     record_benchmark(
         &format!(
-            "fleet-{store_arg}-{k}",
+            "fleet-{store_arg}-{k}-{nodes}",
             store_arg = format!("{store:?}").to_lowercase()
         ),
         &markdown,
