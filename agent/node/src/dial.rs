@@ -23,12 +23,15 @@ struct Known {
 }
 
 impl Coordinators {
-    /// `addresses` in order, the first one current; never empty.
-    pub fn new(addresses: Vec<String>) -> Coordinators {
+    /// `addresses`, the first one current; the others in an order of this node's own, so the
+    /// nodes of a coordinator that goes away spread over the rest instead of all moving to the
+    /// same next one. Never empty.
+    pub fn new(mut addresses: Vec<String>) -> Coordinators {
         assert!(
             !addresses.is_empty(),
             "a node knows at least one coordinator"
         );
+        rand::seq::SliceRandom::shuffle(&mut addresses[1..], &mut rand::thread_rng());
         Coordinators(Arc::new(Mutex::new(Known {
             addresses,
             current: 0,

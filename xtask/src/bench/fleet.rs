@@ -211,7 +211,9 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind) -> Result<()> {
 }
 
 /// One JSON-lines file of join files per coordinator: `nodes` tokens minted once every
-/// coordinator knows the others, node i naming coordinator i % K first and the rest after it.
+/// coordinator knows the others, node i naming coordinator i % K first and the rest after it in
+/// an order that varies from node to node (as each agent shuffles them), so a killed
+/// coordinator's nodes spread over the others.
 fn join_files(
     coords: &[Coordinator],
     nodes: usize,
@@ -234,7 +236,11 @@ fn join_files(
     let mut per_coordinator = vec![String::new(); k];
     for (i, line) in minted.lines().enumerate() {
         let mut join: Value = serde_json::from_str(line)?;
-        let order: Vec<&String> = (0..k).map(|j| &addresses[(i + j) % k]).collect();
+        let first = i % k;
+        let mut order = vec![&addresses[first]];
+        let others: Vec<&String> = (1..k).map(|j| &addresses[(first + j) % k]).collect();
+        let turn = (i / k) % others.len().max(1);
+        order.extend(others[turn..].iter().chain(&others[..turn]).copied());
         join["address"] = Value::from(order[0].clone());
         join["alternates"] = Value::from(
             order[1..]
