@@ -113,20 +113,12 @@ async fn node(join: JoinFile, counters: &Counters, joining: &tokio::sync::Semaph
         fleet_agent::join::join(&identity, &join, Duration::from_millis(200)).await?
     };
     counters.joined.fetch_add(1, Ordering::Relaxed);
-    let mut next_event = 0;
+    let mut spool = Spool::default();
     let addresses = join.addresses();
     let mut backoff = fleet_agent::backoff::Backoff::new(Duration::from_millis(200));
     for attempt in 0usize.. {
         let address = &addresses[attempt % addresses.len()];
-        let ended = session(
-            &identity,
-            &join,
-            address,
-            &node_id,
-            &mut next_event,
-            counters,
-        )
-        .await;
+        let ended = session(&identity, &join, address, &node_id, &mut spool, counters).await;
         match ended {
             Ok(true) => backoff.reset(),
             Ok(false) => {}
@@ -143,7 +135,7 @@ async fn session(
     join: &JoinFile,
     address: &str,
     node_id: &str,
-    next_event: &mut u64,
+    spool: &mut Spool,
     counters: &Counters,
 ) -> Result<bool> {
     let dialed = fleet_agent::dial::dial(
@@ -163,7 +155,7 @@ async fn session(
     };
     counters.sessions.fetch_add(1, Ordering::Relaxed);
     counters.live.fetch_add(1, Ordering::Relaxed);
-    let ended = open_session(stream, heartbeat_ms, next_event, counters).await;
+    let ended = open_session(stream, heartbeat_ms, spool, counters).await;
     counters.live.fetch_sub(1, Ordering::Relaxed);
     ended.map(|()| true)
 }
@@ -171,10 +163,15 @@ async fn session(
 async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut stream: S,
     heartbeat_ms: u64,
-    next_event: &mut u64,
+    spool: &mut Spool,
     counters: &Counters,
 ) -> Result<()> {
     protocol::write_msg(&mut stream, &Up::Facts { facts: facts() }).await?;
+    // As the agent replays its spool: every event not acked yet, again.
+    for event in &spool.unacked {
+        let event = event.clone();
+        protocol::write_msg(&mut stream, &Up::Event { event }).await?;
+    }
     let (mut reader, mut writer) = tokio::io::split(stream);
     let (inbox_tx, mut inbox) = tokio::sync::mpsc::channel(16);
     // A reader task of its own: a read cancelled halfway through a frame would lose it.
@@ -198,10 +195,11 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
             }
             msg = inbox.recv() => match msg {
                 Some(Ok(Some(Down::Command { op, command, .. }))) => {
-                    if let Err(e) = answer(&mut writer, op, command, next_event, counters).await {
+                    if let Err(e) = answer(&mut writer, op, command, spool, counters).await {
                         break Err(e);
                     }
                 }
+                Some(Ok(Some(Down::Ack { up_to }))) => spool.unacked.retain(|e| e.id > up_to),
                 Some(Ok(Some(_))) => {}
                 Some(Err(e)) => break Err(e.into()),
                 None | Some(Ok(None)) => break Ok(()),
@@ -217,18 +215,22 @@ async fn answer<W: AsyncWrite + Unpin>(
     writer: &mut W,
     op: String,
     command: Command,
-    next_event: &mut u64,
+    spool: &mut Spool,
     counters: &Counters,
 ) -> Result<()> {
     let (answer, started) = match command {
         Command::Stage { digest, .. } => (Ok(Reply::Staged { digest }), None),
         Command::Start(start) => {
-            counters.starts.fetch_add(1, Ordering::Relaxed);
+            // A start sent again (its answer was lost) is answered from what the node did.
+            let first = spool.started.insert(start.run_id.clone());
+            if first {
+                counters.starts.fetch_add(1, Ordering::Relaxed);
+            }
             let reply = Reply::Started {
                 run_id: start.run_id.clone(),
-                already: false,
+                already: !first,
             };
-            (Ok(reply), Some(start.run_id))
+            (Ok(reply), first.then_some(start.run_id))
         }
         _ => (
             Err(Refusal::new(
@@ -250,9 +252,9 @@ async fn answer<W: AsyncWrite + Unpin>(
                 }),
             ),
         ] {
-            *next_event += 1;
+            spool.next_id += 1;
             let event = Event {
-                id: *next_event,
+                id: spool.next_id,
                 run_id: run_id.clone(),
                 state,
                 report: RunReport {
@@ -261,11 +263,21 @@ async fn answer<W: AsyncWrite + Unpin>(
                 },
                 at_unix_ms: fleet_proto::fsutil::now_ms(),
             };
+            spool.unacked.push(event.clone());
             protocol::write_msg(writer, &Up::Event { event }).await?;
         }
         counters.finished.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
+}
+
+/// What a simulated node remembers across its sessions, as the agent's store does: the runs it
+/// started, and the events the coordinator has not acked yet.
+#[derive(Default)]
+struct Spool {
+    next_id: u64,
+    started: std::collections::HashSet<String>,
+    unacked: Vec<Event>,
 }
 
 fn facts() -> Facts {

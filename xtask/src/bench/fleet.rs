@@ -56,11 +56,12 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind) -> Result<()> {
             let key = work.join("coord-0").join("coordinator.key");
             std::fs::copy(key, data.join("coordinator.key"))?;
         }
+        let log = std::fs::File::create(work.join(format!("coord-{i}.log")))?;
         coords.push(Coordinator::serve(
             &release.join("fleet-coordinator"),
             &data,
             &flags,
-            Stdio::null(),
+            Stdio::from(log),
         )?);
     }
     let joins = join_files(&coords, nodes, &work)?;
