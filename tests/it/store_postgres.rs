@@ -411,7 +411,8 @@ fn schema_1_database_upgraded_at_open() {
     ended.state = RunState::Finished;
     let node = serde_json::json!({
         "id": "n-a", "public_key": "ed25519:a", "name": null, "facts": null,
-        "joined_at_ms": 1, "last_heartbeat_ms": 7, "lease_until_ms": 9, "generation": 3
+        "joined_at_ms": 1, "last_heartbeat_ms": 7, "lease_until_ms": 9, "generation": 3,
+            "last_event_id": 5
     });
     let mut sql = format!("INSERT INTO nodes (id, record) VALUES ('n-a', '{node}');");
     for run in [&waiting, &taken, &ended] {
@@ -436,8 +437,13 @@ fn schema_1_database_upgraded_at_open() {
     assert_eq!(store.read(|tx| tx.final_count("n-a")).unwrap(), 1);
     let node = store.node("n-a").unwrap().unwrap();
     assert_eq!(
-        (node.last_heartbeat_ms, node.lease_until_ms, node.generation),
-        (Some(7), 9, 3)
+        (
+            node.last_heartbeat_ms,
+            node.lease_until_ms,
+            node.generation,
+            node.last_event_id
+        ),
+        (Some(7), 9, 3, 5)
     );
     assert_eq!(
         pg.sql(db, "SELECT value FROM meta WHERE key = 'schema_version'")

@@ -86,6 +86,8 @@ pub struct NodeRecord {
     /// The fencing token of the node's newest session.
     pub generation: u64,
     /// The highest event id stored from this node; anything at or below it is a duplicate.
+    /// Kept apart from the record ([`WriteTx::set_last_event_id`]): storing events never writes
+    /// the node's row, which heartbeats write every second.
     #[serde(default)]
     pub last_event_id: u64,
     /// The coordinator (its advertised `host:port`) that opened the node's newest session.
@@ -319,10 +321,13 @@ pub trait ReadTx {
 pub trait WriteTx: ReadTx {
     fn put_token(&mut self, hash: &str, token: &TokenRecord) -> StoreResult<()>;
     fn remove_token(&mut self, hash: &str) -> StoreResult<()>;
-    /// Writes the whole record, lease included.
+    /// Writes the whole record, lease included (its `last_event_id` is not written: see
+    /// [`WriteTx::set_last_event_id`]).
     fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()>;
     /// Writes only the heartbeat and lease of each known node (an unknown one is skipped).
     fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()>;
+    /// Records the highest event id stored from the node (read back in its record).
+    fn set_last_event_id(&mut self, node_id: &str, id: u64) -> StoreResult<()>;
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()>;
     /// Removes the content's reference count.
     fn remove_program(&mut self, digest: &str) -> StoreResult<()>;

@@ -52,7 +52,11 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE final_runs ALTER COLUMN node_id SET NOT NULL;
      CREATE INDEX final_runs_by_node ON final_runs (node_id, seq);
      DROP TABLE programs;
-     CREATE TABLE coordinators (address text PRIMARY KEY, seen_ms bigint NOT NULL);",
+     CREATE TABLE coordinators (address text PRIMARY KEY, seen_ms bigint NOT NULL);
+     CREATE TABLE event_marks (node_id text PRIMARY KEY, last_event_id bigint NOT NULL);
+     INSERT INTO event_marks (node_id, last_event_id)
+         SELECT id, (record->>'last_event_id')::bigint FROM nodes
+         WHERE (record->>'last_event_id')::bigint > 0;",
 ];
 
 const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
@@ -623,7 +627,8 @@ impl ReadTx for PgTx<'_> {
 
     fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
         let row = self.query_opt(
-            "SELECT id, record, last_heartbeat_ms, lease_until_ms FROM nodes WHERE id = $1",
+            "SELECT n.id, n.record, n.last_heartbeat_ms, n.lease_until_ms, m.last_event_id
+             FROM nodes n LEFT JOIN event_marks m ON m.node_id = n.id WHERE n.id = $1",
             &[&id],
         )?;
         row.as_ref().map(node_of).transpose()
@@ -631,7 +636,8 @@ impl ReadTx for PgTx<'_> {
 
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
         let rows = self.query(
-            "SELECT id, record, last_heartbeat_ms, lease_until_ms FROM nodes",
+            "SELECT n.id, n.record, n.last_heartbeat_ms, n.lease_until_ms, m.last_event_id
+             FROM nodes n LEFT JOIN event_marks m ON m.node_id = n.id",
             &[],
         )?;
         rows.iter().map(node_of).collect()
@@ -700,6 +706,7 @@ fn node_of(row: &Row) -> StoreResult<NodeRecord> {
     let mut node: NodeRecord = decode(row, 1, row.get::<_, &str>(0))?;
     node.last_heartbeat_ms = row.get::<_, Option<i64>>(2).map(count);
     node.lease_until_ms = count(row.get(3));
+    node.last_event_id = row.get::<_, Option<i64>>(4).map_or(0, count);
     Ok(node)
 }
 
@@ -730,6 +737,14 @@ impl WriteTx for PgTx<'_> {
                  last_heartbeat_ms = GREATEST(nodes.last_heartbeat_ms, EXCLUDED.last_heartbeat_ms),
                  lease_until_ms = GREATEST(nodes.lease_until_ms, EXCLUDED.lease_until_ms)",
             &[&node.id, &json(node), &heard, &bigint(node.lease_until_ms)?],
+        )
+    }
+
+    fn set_last_event_id(&mut self, node_id: &str, id: u64) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO event_marks (node_id, last_event_id) VALUES ($1, $2)
+             ON CONFLICT (node_id) DO UPDATE SET last_event_id = EXCLUDED.last_event_id",
+            &[&node_id, &bigint(id)?],
         )
     }
 

@@ -28,6 +28,8 @@ const WAITING: TableDefinition<(&str, &str), ()> = TableDefinition::new("waiting
 const FINAL: TableDefinition<(&str, u64), &str> = TableDefinition::new("final_by_node");
 /// node id -> how many runs FINAL holds for it.
 const FINAL_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("final_counts");
+/// node id -> the highest event id stored from it (apart from the record).
+const EVENT_MARKS: TableDefinition<&str, u64> = TableDefinition::new("event_marks");
 /// Coordinator address -> when it last said it serves this store.
 const COORDINATORS: TableDefinition<&str, u64> = TableDefinition::new("coordinators");
 /// `schema_version`, and `final_seq` (the last sequence number given in FINAL).
@@ -109,6 +111,7 @@ impl Backend for RedbBackend {
         tx.open_table(FINAL).map_err(fail)?;
         tx.open_table(FINAL_COUNTS).map_err(fail)?;
         tx.open_table(COORDINATORS).map_err(fail)?;
+        tx.open_table(EVENT_MARKS).map_err(fail)?;
         tx.open_table(META)
             .map_err(fail)?
             .insert(SCHEMA_KEY, version)
@@ -160,7 +163,9 @@ impl Backend for RedbBackend {
                 tx.push_final(run_id, &run.node_id)?;
             }
         }
-        for (id, node) in all_json::<NodeRecord>(&tx.tx.open_table(NODES).map_err(fail)?)? {
+        let nodes = all_json::<NodeRecord>(&tx.tx.open_table(NODES).map_err(fail)?)?;
+        for (id, node) in nodes {
+            tx.set_last_event_id(&id, node.last_event_id)?;
             let lease = (node.last_heartbeat_ms, node.lease_until_ms);
             tx.tx
                 .open_table(LEASES)
@@ -254,16 +259,19 @@ macro_rules! reads {
 
             fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
                 let leases = self.tx.open_table(LEASES).map_err(fail)?;
+                let marks = self.tx.open_table(EVENT_MARKS).map_err(fail)?;
                 let node = get_json(&self.tx.open_table(NODES).map_err(fail)?, id)?;
-                node.map(|node| with_lease(&leases, node)).transpose()
+                node.map(|node| with_lease(&leases, &marks, node))
+                    .transpose()
             }
 
             fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
                 let leases = self.tx.open_table(LEASES).map_err(fail)?;
+                let marks = self.tx.open_table(EVENT_MARKS).map_err(fail)?;
                 let nodes = all_json(&self.tx.open_table(NODES).map_err(fail)?)?;
                 nodes
                     .into_iter()
-                    .map(|(_, node)| with_lease(&leases, node))
+                    .map(|(_, node)| with_lease(&leases, &marks, node))
                     .collect()
             }
 
@@ -332,14 +340,20 @@ macro_rules! reads {
 reads!(RedbRead);
 reads!(RedbWrite);
 
-/// The node's record with its heartbeat and lease as LEASES has them.
+/// The node's record with its heartbeat and lease as LEASES has them, and its last event id as
+/// EVENT_MARKS has it.
 fn with_lease(
     leases: &impl ReadableTable<&'static str, (Option<u64>, u64)>,
+    marks: &impl ReadableTable<&'static str, u64>,
     mut node: NodeRecord,
 ) -> StoreResult<NodeRecord> {
     if let Some(lease) = leases.get(node.id.as_str()).map_err(fail)? {
         (node.last_heartbeat_ms, node.lease_until_ms) = lease.value();
     }
+    node.last_event_id = marks
+        .get(node.id.as_str())
+        .map_err(fail)?
+        .map_or(0, |v| v.value());
     Ok(node)
 }
 
@@ -385,6 +399,11 @@ impl WriteTx for RedbWrite {
             .insert(node.id.as_str(), lease)
             .map_err(fail)
             .map(drop)
+    }
+
+    fn set_last_event_id(&mut self, node_id: &str, id: u64) -> StoreResult<()> {
+        let mut marks = self.tx.open_table(EVENT_MARKS).map_err(fail)?;
+        marks.insert(node_id, id).map_err(fail).map(drop)
     }
 
     fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()> {
@@ -568,7 +587,8 @@ mod tests {
         let path = dir.path().join("coordinator.redb");
         let node: NodeRecord = serde_json::from_value(serde_json::json!({
             "id": "n-a", "public_key": "ed25519:a", "name": null, "facts": null,
-            "joined_at_ms": 1, "last_heartbeat_ms": 7, "lease_until_ms": 9, "generation": 3
+            "joined_at_ms": 1, "last_heartbeat_ms": 7, "lease_until_ms": 9, "generation": 3,
+            "last_event_id": 5
         }))
         .unwrap();
         let waiting = conformance::run("r-wait", "s", "n-a", b"p", 1);
@@ -616,9 +636,10 @@ mod tests {
             (
                 upgraded.last_heartbeat_ms,
                 upgraded.lease_until_ms,
-                upgraded.generation
+                upgraded.generation,
+                upgraded.last_event_id
             ),
-            (Some(7), 9, 3)
+            (Some(7), 9, 3, 5)
         );
         drop(store);
         let reopened = RedbBackend::open(&path).unwrap();

@@ -271,6 +271,9 @@ impl Store {
     }
 
     fn apply_one(&self, change: &Change) -> StoreResult<Applied> {
+        if let Change::Beats(beats) = change {
+            return self.backend.write_leases(beats).map(|()| Applied::Done);
+        }
         let keep = self.keep_final_runs;
         self.write(|tx| apply_change(tx, keep, change))
     }
@@ -539,7 +542,7 @@ fn apply_change(tx: &mut dyn WriteTx, keep: u64, change: &Change) -> StoreResult
                 row.updated_ms = now_ms();
                 save_run(tx, keep, before, &row)?;
             }
-            tx.put_node(&node)?;
+            tx.set_last_event_id(node_id, node.last_event_id)?;
             Ok(Applied::EventsUpTo(node.last_event_id))
         }
     }
