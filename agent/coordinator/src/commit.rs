@@ -8,8 +8,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// At most this many changes go into one transaction.
-const MAX_BATCH: usize = 4096;
+/// At most this many changes go into one transaction: enough to share a commit among a whole
+/// round of sessions, few enough that a serializable retry redoes little (on PostgreSQL a larger
+/// transaction meets more false conflicts on shared index pages).
+const MAX_BATCH: usize = 512;
 /// While the database cannot be reached, a batch is tried again for this long (a restart, a
 /// failover) before its changes are answered with the outage.
 const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);

@@ -133,8 +133,17 @@ async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
         if beats.is_empty() {
             continue;
         }
-        if let Err(e) = coordinator.commits.submit(Change::Beats(beats)).await {
-            tracing::warn!("writing heartbeats failed: {e}");
+        // Apart from the group commit's queue: a backlog of runs' changes never delays a lease.
+        let kept = beats.clone();
+        let written = coordinator
+            .with_store(move |store| store.write_leases(&beats))
+            .await;
+        if let Err(e) = written {
+            tracing::warn!("writing heartbeats failed (tried again with the next ones): {e}");
+            let mut waiting = coordinator.live.beats.lock().expect("beats");
+            for beat in kept {
+                waiting.entry(beat.node_id.clone()).or_insert(beat);
+            }
         }
     }
 }

@@ -270,6 +270,11 @@ impl Store {
         }
     }
 
+    /// Writes heartbeats (see [`Backend::write_leases`]), apart from any other change.
+    pub fn write_leases(&self, beats: &[Beat]) -> StoreResult<()> {
+        self.backend.write_leases(beats)
+    }
+
     fn apply_one(&self, change: &Change) -> StoreResult<Applied> {
         if let Change::Beats(beats) = change {
             return self.backend.write_leases(beats).map(|()| Applied::Done);
