@@ -154,7 +154,7 @@ pub struct SessionHandle {
 pub struct Live {
     pub sessions: Mutex<HashMap<String, SessionHandle>>,
     /// The newest heartbeat of each node since the last write; written in one batch a second.
-    pub beats: Mutex<HashMap<String, Beat>>,
+    pub beats: Arc<Mutex<HashMap<String, Beat>>>,
     /// Set while `serve` runs: only then can a registry credential be held for a run.
     pub serving: std::sync::atomic::AtomicBool,
     /// Registry credentials by run id, until the node takes the run; memory only.

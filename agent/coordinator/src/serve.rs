@@ -485,18 +485,26 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         // messages are boxed: a channel allocates its slots in blocks, and an idle session should
         // hold a block of pointers, not of whole messages.
         let (tx, mut inbox) = mpsc::channel::<Box<Read>>(BATCH);
+        // A heartbeat is noted as it is read: a session waiting on a slow store stays alive.
+        let (beats, lease_ms) = (self.coordinator.live.beats.clone(), self.lease_ms);
         let reading = tokio::spawn(async move {
             let mut reader = reader;
             loop {
                 let msg = protocol::read_msg::<_, serde_json::Value>(&mut reader)
                     .await
                     .map(|m| m.map(parse_up));
+                if let Ok(Some(Inbound::Message(Up::Heartbeat))) = &msg {
+                    let beat = beat_now(&node_id, lease_ms);
+                    beats.lock().expect("beats").insert(node_id.clone(), beat);
+                    continue;
+                }
                 let end = !matches!(msg, Ok(Some(_)));
                 if tx.send(Box::new(msg)).await.is_err() || end {
                     return;
                 }
             }
         });
+        let node_id = self.node_id.clone();
         let result = async {
             self.dispatch().await?;
             loop {
@@ -640,7 +648,6 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     async fn handle(&mut self, batch: Vec<Inbound>) -> Result<(), String> {
         let mut events = Vec::new();
         let mut accepted = Vec::new();
-        let mut heartbeat = false;
         for msg in batch {
             let msg = match msg {
                 Inbound::Message(msg) => msg,
@@ -663,7 +670,8 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             };
             match msg {
                 Up::Event { event } => events.push(NodeEvent::Known(event)),
-                Up::Heartbeat => heartbeat = true,
+                // Noted by the reader already.
+                Up::Heartbeat => {}
                 Up::Facts { facts } => self.heartbeat(facts).await?,
                 Up::Result { op, answer } => self.answered(&op, answer, &mut accepted),
                 _ => {
@@ -673,12 +681,6 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     ));
                 }
             }
-        }
-        // Events prove the node alive too, but the lease is only written on heartbeats, and those
-        // are written for the whole fleet together (see [`write_beats_forever`]).
-        if heartbeat {
-            let beat = self.beat();
-            (self.coordinator.live.beats.lock().expect("beats")).insert(beat.node_id.clone(), beat);
         }
         if !accepted.is_empty() {
             self.commit(Change::Accept(accepted)).await?;
@@ -700,12 +702,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
 
     /// A heartbeat heard now, and the lease it extends.
     fn beat(&self) -> Beat {
-        let now = now_ms();
-        Beat {
-            node_id: self.node_id.clone(),
-            at_ms: now,
-            lease_until_ms: now + self.lease_ms,
-        }
+        beat_now(&self.node_id, self.lease_ms)
     }
 
     /// Records new facts, with the heartbeat they are.
@@ -759,6 +756,17 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             }
             None => tracing::debug!(op, "an answer to an operation not in flight"),
         }
+    }
+}
+
+/// A heartbeat heard now, and the lease it extends. Heartbeats are noted by the session's reader
+/// and written for the whole fleet together (see [`write_beats_forever`]).
+fn beat_now(node_id: &str, lease_ms: u64) -> Beat {
+    let now = now_ms();
+    Beat {
+        node_id: node_id.to_string(),
+        at_ms: now,
+        lease_until_ms: now + lease_ms,
     }
 }
 
