@@ -809,3 +809,24 @@ fn an_arm64_agent_under_qemu_joins_an_x86_64_coordinator() {
         agent.log_text()
     );
 }
+
+/// An idle node, with nothing to do but heartbeats, keeps one session for several leases: the
+/// coordinator counts its heartbeats as the session's life, and the node never reconnects.
+#[test]
+fn an_idle_node_keeps_its_session_for_many_leases() {
+    let dir = testkit::tempdir();
+    let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+    let m = Machine::new(dir.path(), "idle");
+    std::fs::write(m.join_file(), coord.token(&[])).unwrap();
+    let agent = m.start(&[]);
+    assert!(
+        agent.wait_for("session open", 1, WAIT),
+        "{}",
+        agent.log_text()
+    );
+    // The test coordinator's lease is 2 s: three leases of nothing but heartbeats.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(agent.count("session lost"), 0, "{}", agent.log_text());
+    assert_eq!(agent.count("session open"), 1, "{}", agent.log_text());
+    assert_eq!(coord.nodes()[0]["state"], "Joined");
+}

@@ -496,7 +496,6 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 if let Ok(Some(Inbound::Message(Up::Heartbeat))) = &msg {
                     let beat = beat_now(&node_id, lease_ms);
                     beats.lock().expect("beats").insert(node_id.clone(), beat);
-                    continue;
                 }
                 let end = !matches!(msg, Ok(Some(_)));
                 if tx.send(Box::new(msg)).await.is_err() || end {
@@ -670,7 +669,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             };
             match msg {
                 Up::Event { event } => events.push(NodeEvent::Known(event)),
-                // Noted by the reader already.
+                // Noted by the reader already; here it only proves the session alive.
                 Up::Heartbeat => {}
                 Up::Facts { facts } => self.heartbeat(facts).await?,
                 Up::Result { op, answer } => self.answered(&op, answer, &mut accepted),
