@@ -4,7 +4,7 @@
 use fleet_agent::runtime::{Gpus, RegistryAuth, Resources, RunState, Runtime, Started, Workload};
 use std::time::Duration;
 use testkit::agent::{Agent, Coordinator, wait_until};
-use testkit::docker::{Containers, engine_version, remove_named};
+use testkit::docker::{Containers, SlowEngine, engine_version, remove_named};
 use testkit::registry::{Options, Registry};
 use testkit::runtime_suite::{self as suite, collected, shell, wait_for};
 
@@ -204,28 +204,52 @@ fn inputs_are_in_run_argv_is_exact_and_limits_reach_the_engine() {
 
 #[test]
 fn a_large_input_goes_into_the_container_in_flat_memory() {
-    let containers = Containers::new("big-input");
-    let rt = containers.runtime();
+    if testkit::in_own_process("a_large_input_goes_into_the_container_in_flat_memory") {
+        large_input_in_flat_memory("big", None);
+    }
+}
+
+#[test]
+fn a_large_input_goes_in_flat_memory_when_the_engine_reads_it_slowly() {
+    if testkit::in_own_process("a_large_input_goes_in_flat_memory_when_the_engine_reads_it_slowly")
+    {
+        // 256 MiB at 32 MiB/s: the input waits on the engine for about 8 s.
+        large_input_in_flat_memory("slow", Some(SlowEngine::start(32 << 20)));
+    }
+}
+
+/// Starts a container with a 256 MiB input through `engine` (the local one when `None`) and
+/// measures the peak RSS of this process, which runs nothing else (see `in_own_process`).
+fn large_input_in_flat_memory(name: &str, engine: Option<SlowEngine>) {
+    let containers = Containers::new(name);
+    let rt = match &engine {
+        Some(slow) => containers.runtime_at(&slow.address),
+        None => containers.runtime(),
+    };
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "big/sh", None));
+    let workload = Workload::Image(containers.image(&registry, &format!("{name}/sh"), None));
     let dir = testkit::tempdir();
     let big = dir.path().join("big.bin");
     const SIZE: u64 = 256 << 20;
     std::fs::File::create(&big).unwrap().set_len(SIZE).unwrap();
-    let mut spec = shell("big-1", &workload, "ls -l /run/big.bin > seen");
+    let run = format!("{name}-1");
+    let mut spec = shell(&run, &workload, "ls -l /run/big.bin > seen");
     spec.inputs = vec![("big.bin".into(), big)];
     testkit::reset_peak_rss();
     let before = testkit::peak_rss_mib(std::process::id());
+    let begun = std::time::Instant::now();
     rt.start(&spec).unwrap();
+    let took = begun.elapsed();
     let grew = testkit::peak_rss_mib(std::process::id()) - before;
-    let done = wait_for(&rt, "big-1", RunState::Finished);
+    let done = wait_for(&rt, &run, RunState::Finished);
     assert_eq!(done.report.outcome.unwrap().exit_code, Some(0));
-    let seen = String::from_utf8(collected(&rt, "big-1", "seen")).unwrap();
+    let seen = String::from_utf8(collected(&rt, &run, "seen")).unwrap();
     assert!(seen.contains(&format!(" {SIZE} ")), "{seen}");
     eprintln!(
-        "the peak RSS grew by {grew} MiB while a {} MiB input went in",
-        SIZE >> 20
+        "the peak RSS grew by {grew} MiB while a {} MiB input went in ({:.1} s)",
+        SIZE >> 20,
+        took.as_secs_f64()
     );
     assert!(grew < 32, "the peak RSS grew by {grew} MiB");
 }
@@ -267,11 +291,21 @@ fn a_stalled_pull_is_abandoned_with_a_clear_line() {
         silent.local_addr().unwrap(),
         "5".repeat(64)
     );
+    let spec = shell("stall-1", &Workload::Image(image.clone()), "true");
     let begun = std::time::Instant::now();
-    let err = rt
-        .start(&shell("stall-1", &Workload::Image(image.clone()), "true"))
+    // On a thread of its own, so a pull that is never abandoned fails the test, not hangs it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(rt.start(&spec)));
+    let err = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the stalled pull was never abandoned")
         .unwrap_err();
-    assert!(begun.elapsed() < Duration::from_secs(20));
+    let took = begun.elapsed();
+    eprintln!("abandoned {:.1} s after the start", took.as_secs_f64());
+    assert!(
+        took >= Duration::from_secs(2),
+        "abandoned after {took:?}, before its 2 s without progress"
+    );
     let host = silent.local_addr().unwrap();
     assert_eq!(
         err.to_string(),
@@ -405,7 +439,11 @@ fn an_image_runs_through_the_coordinator_beside_a_program_and_survives_an_agent_
     let out = testkit::ok(coord.command().args(["stop", "--run", long_run]));
     assert_eq!(out.trim(), format!("stopped {long_run}"));
     let stopped = wait_row(&coord, &long, |r| r["state"] == "finished");
-    assert!(begun.elapsed() < Duration::from_secs(20), "{stopped:#}");
+    eprintln!(
+        "finished {:.1} s after the stop",
+        begun.elapsed().as_secs_f64()
+    );
+    // The stop ended it, not the program's own 60 s.
     assert_eq!(stopped["outcome"]["stopped"], true, "{stopped:#}");
 
     // The credential is in no store, state folder, run store or log: only in the file given.
@@ -427,9 +465,9 @@ fn an_end_and_a_timeout_are_reported_as_they_happen_not_at_the_next_watch() {
     let images = Containers::new("events-images");
     engine_version(&images.runtime());
     let image = images.image(&registry, "events/sh", None);
-    // The agent's watch runs every heartbeat: at 30 s, whatever is reported sooner came from
-    // the engine's event stream or the timeout's timer.
-    let coord = Coordinator::start(&path("coord"), &["--heartbeat", "30s", "--lease", "120s"]);
+    // The agent's watch runs every heartbeat: at one an hour, no watch comes within the test's
+    // waits, so whatever is reported came from the engine's event stream or the timeout's timer.
+    let coord = Coordinator::start(&path("coord"), &["--heartbeat", "1h", "--lease", "2h"]);
     std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
     let agent = Agent::spawn(
         &path("agent.log"),
@@ -451,19 +489,16 @@ fn an_end_and_a_timeout_are_reported_as_they_happen_not_at_the_next_watch() {
     let begun = std::time::Instant::now();
     let set = run(&["--", "-c", "sleep 1; exit 3"]);
     let done = wait_row(&coord, &set, |r| r["state"] == "finished");
-    let took = begun.elapsed();
+    eprintln!("the end reported after {:?}", begun.elapsed());
     assert_eq!(done["outcome"]["exit_code"], 3, "{done:#}");
-    assert!(took < Duration::from_secs(10), "reported after {took:?}");
 
     let begun = std::time::Instant::now();
     let set = run(&["--timeout", "1s", "--", "-c", "sleep 60"]);
     let done = wait_row(&coord, &set, |r| r["state"] == "finished");
     let took = begun.elapsed();
+    eprintln!("the timeout reported after {took:?}");
     assert_eq!(done["outcome"]["timed_out"], true, "{done:#}");
-    assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
-        "reported after {took:?}"
-    );
+    assert!(took >= Duration::from_secs(1), "reported after {took:?}");
 }
 
 #[test]
@@ -584,6 +619,7 @@ fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep
             "octomy-run-tidy-stray"
         ]
     );
+    // The stray's grace passing is what is tested, not a wait for an event.
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(rt.tidy(&record).unwrap(), ["tidy-stray"]);
     let mut names = containers.names();
@@ -708,6 +744,7 @@ fn an_image_this_agent_pulled_goes_once_no_run_needs_it_after_its_delay() {
     // The container goes (retention 0); the image was used too recently to go.
     assert_eq!(rt.tidy(&record).unwrap(), ["images-1"]);
     assert!(present());
+    // The image's delay passing is what is tested, not a wait for an event.
     std::thread::sleep(Duration::from_secs(4));
     rt.tidy(&record).unwrap();
     assert!(!present(), "{image} is still on the engine");
@@ -735,16 +772,22 @@ fn a_timeout_stops_with_the_grace_then_kills_and_observing_never_waits_for_it() 
     spec.timeout = Some(Duration::from_millis(500));
     spec.grace = Some(Duration::from_secs(4));
     rt.start(&spec).unwrap();
+    // The timer records the timeout here before its polite signal starts the grace.
+    let timed_out = containers.marks().join("grace-1.timed-out");
     let begun = std::time::Instant::now();
     let mut slowest = Duration::ZERO;
+    let mut answered_in_grace = 0;
     let done = loop {
+        let in_grace = timed_out.exists();
         let asked = std::time::Instant::now();
         let status = rt.status("grace-1").unwrap();
         slowest = slowest.max(asked.elapsed());
         if status.state.is_final() {
             break status;
         }
-        assert!(begun.elapsed() < Duration::from_secs(30), "never ended");
+        answered_in_grace += usize::from(in_grace);
+        assert!(begun.elapsed() < Duration::from_secs(120), "never ended");
+        // Pacing between status calls, not a wait.
         std::thread::sleep(Duration::from_millis(50));
     };
     let outcome = done.report.outcome.unwrap();
@@ -758,10 +801,12 @@ fn a_timeout_stops_with_the_grace_then_kills_and_observing_never_waits_for_it() 
         "{:?}",
         begun.elapsed()
     );
-    // No status call waited out the grace (the agent's watch runs beside its heartbeats).
+    // Status calls asked during the grace answered in it: none waited the grace out (the
+    // agent's watch runs beside its heartbeats).
+    eprintln!("{answered_in_grace} status calls answered in the grace, the slowest in {slowest:?}");
     assert!(
-        slowest < Duration::from_secs(1),
-        "a status call took {slowest:?}"
+        answered_in_grace > 0,
+        "no status call asked during the grace answered before the kill"
     );
 }
 

@@ -233,6 +233,7 @@ fn expired_token_gets_no_answer_and_the_agent_gives_up() {
     let dir = testkit::tempdir();
     let coord = Coordinator::start(&dir.path().join("coord"), &[]);
     let join = coord.token(&["--ttl", "300ms"]);
+    // Outlives the token's lifetime: the time passing is what is tested, not a wait.
     std::thread::sleep(Duration::from_millis(400));
     // Without its lifetime the agent still tries: the coordinator only closes the connection.
     let m = Machine::new(dir.path(), "m");
@@ -824,7 +825,8 @@ fn an_idle_node_keeps_its_session_for_many_leases() {
         "{}",
         agent.log_text()
     );
-    // The test coordinator's lease is 2 s: three leases of nothing but heartbeats.
+    // The test coordinator's lease is 2 s: three leases of nothing but heartbeats (the time
+    // passing is what is tested, not a wait).
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(agent.count("session lost"), 0, "{}", agent.log_text());
     assert_eq!(agent.count("session open"), 1, "{}", agent.log_text());

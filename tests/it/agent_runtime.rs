@@ -408,6 +408,7 @@ fn watcher_syncs_until_killed() {
         writeln!(std::io::stdout(), "ready").unwrap();
         for _ in 0..10_000 {
             sync_runs(&store, &rt).unwrap();
+            // Pacing, as the agent's watch, not a wait.
             std::thread::sleep(Duration::from_millis(2));
         }
         return;
@@ -452,6 +453,7 @@ fn sigkill_of_the_watching_agent_at_random_points_spools_each_run_transition_onc
                 break;
             }
         }
+        // A random moment for the SIGKILL, not a wait.
         std::thread::sleep(Duration::from_micros(rng.below(60_000)));
         child.kill().unwrap();
         child.wait().unwrap();

@@ -252,7 +252,7 @@ impl Machine {
 
     /// A power cut: every process of the machine killed, its /run emptied.
     fn power_off(&self) {
-        let gone = wait_until(Duration::from_secs(10), || {
+        let gone = wait_until(WAIT, || {
             let pids = self.processes();
             for pid in &pids {
                 let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();

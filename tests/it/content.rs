@@ -149,8 +149,10 @@ impl Fleet {
     }
 
     /// How many sessions the coordinator opened.
-    fn sessions(&self) -> usize {
-        self.coord.log_text().matches("session open").count()
+    /// How many sessions the node has opened, as the coordinator recorded them: each is
+    /// recorded before the node hears its welcome, so no count races the log.
+    fn sessions(&self) -> u64 {
+        self.coord.nodes()[0]["sessions"].as_u64().unwrap()
     }
 
     fn collect(&self, run: &str, path: &str, out: &Path, extra: &[&str]) -> std::process::Output {

@@ -893,13 +893,11 @@ fn a_file_over_8_gib_comes_back_whole_through_gnu_tar() {
     );
     // tee's sha256sum may finish just after tar; wait for its line.
     let mut diff_id = String::new();
-    for _ in 0..100 {
+    let summed = testkit::agent::wait_until(std::time::Duration::from_secs(120), || {
         diff_id = fs::read_to_string(&sum).unwrap_or_default();
-        if diff_id.len() >= 64 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        diff_id.len() >= 64
+    });
+    assert!(summed, "sha256sum never wrote the diff id: {diff_id:?}");
     assert_eq!(
         format!("sha256:{}", &diff_id[..64]),
         config["rootfs"]["diff_ids"][0].as_str().unwrap()

@@ -111,6 +111,11 @@ impl Containers {
             .expect("the local Docker engine answers")
     }
 
+    /// Where the runtime records why a run ended (`RUN.timed-out`, `RUN.stopped`).
+    pub fn marks(&self) -> &Path {
+        self.marks.path()
+    }
+
     /// Names of this label's containers, as the engine lists them.
     pub fn names(&self) -> Vec<String> {
         let out = crate::ok(Command::new("docker").args([
@@ -201,7 +206,7 @@ impl TlsEngine {
             .spawn()
             .expect("stunnel4 is installed (cargo xtask ci installs it)");
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let listening = crate::agent::wait_until(std::time::Duration::from_secs(10), || {
+        let listening = crate::agent::wait_until(std::time::Duration::from_secs(60), || {
             std::net::TcpStream::connect(addr).is_ok()
         });
         assert!(listening, "stunnel4 did not listen on {addr}");
@@ -340,4 +345,70 @@ fn stand_in_serve(
     let _ = std::io::copy(&mut from_engine, &mut out);
     let _ = client.shutdown(std::net::Shutdown::Both);
     Ok(())
+}
+
+/// A Unix socket in front of the local engine's that passes what the client sends at most
+/// `bytes_per_s` (the engine's answers go back at full speed): an engine that reads slowly.
+pub struct SlowEngine {
+    pub address: EngineAddress,
+    _dir: tempfile::TempDir,
+}
+
+impl SlowEngine {
+    pub fn start(bytes_per_s: u64) -> SlowEngine {
+        let dir = crate::tempdir();
+        let socket = dir.path().join("engine.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(engine) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock")
+                else {
+                    continue;
+                };
+                let (client_out, engine_in) =
+                    (client.try_clone().unwrap(), engine.try_clone().unwrap());
+                std::thread::spawn(move || throttled_copy(client, engine_in, bytes_per_s));
+                std::thread::spawn(move || {
+                    let (mut from, mut to) = (engine, client_out);
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        SlowEngine {
+            address: EngineAddress {
+                host: Some(format!("unix://{}", socket.display())),
+                tls: None,
+            },
+            _dir: dir,
+        }
+    }
+}
+
+/// Copies `from` to `to` in 16 KiB steps, each step waiting until the rate allows it.
+fn throttled_copy(
+    mut from: std::os::unix::net::UnixStream,
+    mut to: std::os::unix::net::UnixStream,
+    bytes_per_s: u64,
+) {
+    use std::io::{Read, Write};
+    let begun = std::time::Instant::now();
+    let mut sent = 0u64;
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        sent += n as u64;
+        let due = std::time::Duration::from_secs_f64(sent as f64 / bytes_per_s as f64);
+        if let Some(wait) = due.checked_sub(begun.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
 }

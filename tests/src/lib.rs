@@ -123,6 +123,35 @@ impl Drop for TinyDisk {
     }
 }
 
+/// Whether the caller is the test `name` running alone in a process of its own. Called first
+/// in a test that measures its own process (its peak memory): in the harness's process, where
+/// other tests run on other threads and their memory would count too, it runs this test binary
+/// again with `name` alone, asserts that it passed, and returns `false`.
+pub fn in_own_process(name: &str) -> bool {
+    const ALONE: &str = "TESTKIT_ALONE";
+    if std::env::var(ALONE).is_ok_and(|n| n == name) {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary knows its path");
+    let out = output(
+        Command::new(exe)
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(ALONE, name),
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{text}");
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name} failed in its own process ({})",
+        out.status
+    );
+    false
+}
+
 /// A process's peak resident memory (VmHWM), in MiB.
 pub fn peak_rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

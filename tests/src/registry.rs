@@ -119,7 +119,7 @@ impl Registry {
     }
 
     fn wait_listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("docker-registry exited with {status}:\n{}", self.log());
@@ -130,7 +130,7 @@ impl Registry {
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!(
-            "docker-registry did not listen on {} within 20 s:\n{}",
+            "docker-registry did not listen on {} within 60 s:\n{}",
             self.addr,
             self.log()
         );

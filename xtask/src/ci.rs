@@ -38,12 +38,14 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "python3-requests",
     "python3-serial",
     "python3-yaml",
+    // `cargo xtask ci --busy`: both cores and the disk loaded while the suite runs.
+    "stress-ng",
 ];
 
 /// PyPI packages the tests use, as (import name, package name).
 const PYTHON_PACKAGES: &[(&str, &str)] = &[("yaml", "PyYAML")];
 
-pub fn run() -> Result<()> {
+pub fn run(busy: bool) -> Result<()> {
     install_debian_packages()?;
     install_python_packages()?;
     unpack_cloud_init()?;
@@ -63,7 +65,19 @@ pub fn run() -> Result<()> {
         "aarch64-unknown-linux-musl",
         &["fleet-agent", "fleet-run-supervisor", "oci"],
     )?;
+    let load = busy.then(Load::start).transpose()?;
+    let begun = std::time::Instant::now();
     util::run(Command::new("cargo").args(["test", "--workspace", "--", "--test-threads=4"]))?;
+    eprintln!(
+        "the suite took {:.0} s{}",
+        begun.elapsed().as_secs_f64(),
+        if load.is_some() {
+            " under stress-ng"
+        } else {
+            ""
+        }
+    );
+    drop(load);
     // Bundles are byte-identical from two checkouts at different paths (two release builds).
     cross::check_reproducible(Some("x86_64"))?;
     Ok(())
@@ -126,4 +140,42 @@ fn dpkg_installed(package: &str) -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         .unwrap_or(false)
+}
+
+/// stress-ng keeping both cores and the disk busy, in a process group of its own that is
+/// stopped whole when this is dropped.
+struct Load(std::process::Child);
+
+impl Load {
+    fn start() -> Result<Load> {
+        use std::os::unix::process::CommandExt as _;
+        let scratch = cross::target_dir().join("stress-ng");
+        std::fs::create_dir_all(&scratch)?;
+        let mut cmd = Command::new("stress-ng");
+        cmd.args([
+            "--cpu",
+            "2",
+            "--io",
+            "1",
+            "--hdd",
+            "1",
+            "--hdd-bytes",
+            "256m",
+        ])
+        .args(["--timeout", "4h", "--temp-path"])
+        .arg(&scratch)
+        .stdout(std::process::Stdio::null())
+        .process_group(0);
+        eprintln!("$ {cmd:?} &");
+        Ok(Load(cmd.spawn()?))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let group = -(self.0.id() as i32);
+        // SAFETY: kill(2) with a process group id is a plain system call.
+        unsafe { libc::kill(group, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
 }

@@ -20,7 +20,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what the tests need, then run fmt, clippy and the whole test suite
-    Ci,
+    Ci {
+        /// Run the suite while stress-ng keeps both cores and the disk busy, as machines in the
+        /// field are
+        #[arg(long)]
+        busy: bool,
+    },
     /// Run the main job end to end on the embedded default, on loopback
     Demo,
     /// Build static musl binaries for x86_64 and arm64 and pack hub-linux-<arch>.tar.gz bundles
@@ -53,7 +58,7 @@ enum Task {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.task {
-        Task::Ci => ci::run(),
+        Task::Ci { busy } => ci::run(busy),
         Task::Demo => demo::run(),
         Task::Dist { arch } => cross::dist(arch.as_deref()),
         Task::DistCheck { arch } => cross::check_reproducible(arch.as_deref()),

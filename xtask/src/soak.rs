@@ -11,9 +11,12 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// Runs submitted per kill: one, so 1 000 kills stay within the coordinator's retention of the
-/// newest 1 000 final runs and every row can be checked.
-const RUNS_PER_KILL: usize = 1;
+/// Runs submitted per kill, in one set: several in flight when the agent dies.
+const RUNS_PER_KILL: usize = 8;
+/// Kills between two settles, where every run so far is waited for and its row read: fewer
+/// runs than the coordinator keeps per node (its newest 1 000 final ones), so every row is
+/// read before retention prunes it.
+const KILLS_PER_SETTLE: usize = 100;
 
 pub fn run(kills: usize) -> Result<()> {
     let bin = fleet::build_debug()?;
@@ -43,41 +46,23 @@ pub fn run(kills: usize) -> Result<()> {
         Duration::from_secs(30),
     )?;
     let mut sets = Vec::new();
+    let mut rows = Vec::new();
     for kill in 0..kills {
         let set = coordinator(&["run", "--all", "--repeat", &repeat, "--program", &program])?;
         sets.push(set.trim().to_string());
         std::thread::sleep(Duration::from_millis(rng.below(150)));
         drop(agent);
         agent = start_agent(&bin, &work)?;
-        if kill % 100 == 99 {
+        if kill % KILLS_PER_SETTLE == KILLS_PER_SETTLE - 1 || kill + 1 == kills {
+            rows.extend(settle(&coordinator, &std::mem::take(&mut sets))?);
             eprintln!(
-                "{} kills, {:.0} s",
+                "{} kills, {} runs ended, {:.0} s",
                 kill + 1,
+                rows.len(),
                 started.elapsed().as_secs_f64()
             );
         }
     }
-    // Let everything end with the agent alive.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let rows = loop {
-        let mut rows = Vec::new();
-        for set in &sets {
-            let out = coordinator(&["status", "--set", set, "--json"])?;
-            let set_rows: serde_json::Value = serde_json::from_str(&out)?;
-            rows.extend(set_rows.as_array().cloned().unwrap_or_default());
-        }
-        let open = rows
-            .iter()
-            .filter(|r| !matches!(r["state"].as_str(), Some("finished" | "failed" | "lost")))
-            .count();
-        if open == 0 {
-            break rows;
-        }
-        if Instant::now() > deadline {
-            bail!("{open} runs never ended");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
     drop(agent);
     let elapsed = started.elapsed().as_secs_f64();
 
@@ -120,8 +105,10 @@ pub fn run(kills: usize) -> Result<()> {
     let markdown = format!(
         "## soak\n\n\
          `cargo xtask soak --kills {kills}`: the agent SIGKILLed at a random moment (0 to 150 ms) \
-         after each submission ({RUNS_PER_KILL} run per kill), then restarted; debug build, loopback, \
-         one coordinator, one node. Nomad's own restart test does 10 kills.\n\n\
+         after each submission ({RUNS_PER_KILL} runs in one set per kill, in flight as it dies), then \
+         restarted; every {KILLS_PER_SETTLE} kills the runs so far are waited for and their rows \
+         read; debug build, loopback, one coordinator, one node. Nomad's own restart test does 10 \
+         kills.\n\n\
          | figure | value |\n|---|---|\n\
          | SIGKILLs of the agent | {kills} |\n\
          | runs | {runs} |\n\
@@ -143,6 +130,33 @@ pub fn run(kills: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Waits, with the agent alive, until every run of `sets` has ended; returns their rows.
+fn settle(
+    coordinator: &dyn Fn(&[&str]) -> Result<String>,
+    sets: &[String],
+) -> Result<Vec<serde_json::Value>> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut rows = Vec::new();
+        for set in sets {
+            let out = coordinator(&["status", "--set", set, "--json"])?;
+            let set_rows: serde_json::Value = serde_json::from_str(&out)?;
+            rows.extend(set_rows.as_array().cloned().unwrap_or_default());
+        }
+        let open = rows
+            .iter()
+            .filter(|r| !matches!(r["state"].as_str(), Some("finished" | "failed" | "lost")))
+            .count();
+        if open == 0 {
+            return Ok(rows);
+        }
+        if Instant::now() > deadline {
+            bail!("{open} runs never ended");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn start_agent(bin: &Path, work: &Path) -> Result<Proc> {

@@ -151,6 +151,9 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     pub joined_at_ms: u64,
     pub last_heartbeat_ms: Option<u64>,
+    /// How many sessions the node has opened; each new one fences the one before.
+    #[serde(default)]
+    pub sessions: u64,
     pub facts: Option<Facts>,
     /// Why a `failed` machine did not join, as it reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -331,6 +334,7 @@ fn view(node: NodeRecord, now: u64) -> NodeView {
         labels: node.labels,
         joined_at_ms: node.joined_at_ms,
         last_heartbeat_ms: node.last_heartbeat_ms,
+        sessions: node.generation,
         facts: node.facts,
         error: None,
     }
@@ -350,6 +354,7 @@ fn failed_view(token_hash: &str, token: TokenRecord) -> NodeView {
         labels: token.labels,
         joined_at_ms: failure.at_ms,
         last_heartbeat_ms: None,
+        sessions: 0,
         facts: None,
         error: Some(format!("bootstrap failed: {}", failure.reason)),
     }

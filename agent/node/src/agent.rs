@@ -108,6 +108,22 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         config.artifact_root.as_deref(),
         config.facts.link.clone(),
     ));
+    // Starts a crash cut off before their launch: those that cannot be completed fail before
+    // the session opens; the others are completed beside it (a pull may take long).
+    let launches = {
+        let node = node.clone();
+        tokio::task::spawn_blocking(move || node.unlaunched())
+            .await
+            .expect("finding the unlaunched starts does not panic")?
+    };
+    for launch in launches {
+        let node = node.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = node.complete(&launch) {
+                tracing::warn!(run_id = %launch.start.run_id, "cannot complete a start a crash cut off: {e}");
+            }
+        });
+    }
     // Coordinators a session named are kept, so a restarted agent knows the whole fleet too.
     let remember = |known: Vec<String>| {
         let mut updated = membership.clone();

@@ -3,7 +3,7 @@
 use crate::content::ContentLink;
 use crate::facts::LinkMeter;
 use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started};
-use crate::state::{StateError, Store};
+use crate::state::{Launch, StateError, Store};
 use fleet_proto::Digest;
 use fleet_proto::content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
@@ -143,11 +143,10 @@ impl Node {
                 "facts are answered by the session",
             )),
         };
-        if command.mutates() {
-            let recorded = serde_json::to_value(&answer).expect("answers serialize");
-            if let Err(e) = self.store.record_applied(op, &recorded) {
-                return Err(store_failed(e));
-            }
+        if command.mutates()
+            && let Err(e) = self.store.record_applied(op, &recorded(&answer))
+        {
+            return Err(store_failed(e));
         }
         answer
     }
@@ -267,9 +266,10 @@ impl Node {
             .iter()
             .map(|(_, d)| d.clone())
             .collect();
-        if let Err(e) = self.store.track_run_with(run_id, &start.workload, &content) {
+        if let Err(e) = self.store.track_launch(&Launch::of(op, start), &content) {
             return Err(store_failed(e));
         }
+        hold_point("run-recorded");
         let spec = RunSpec {
             run_id: run_id.clone(),
             workload: start.workload.clone(),
@@ -294,6 +294,78 @@ impl Node {
             }),
             Err(e) => self.fail_run(start, refused(e)),
         }
+    }
+
+    /// The starts recorded `starting` that the runtime does not hold: the agent stopped between
+    /// the record and the runtime's claim, and the coordinator, which may have taken the
+    /// `starting` event, sends that start no more. Returned to be completed
+    /// ([`Node::complete`]); one that cannot be (its registry credential was never recorded, or
+    /// an older agent kept no start) ends `failed` here, naming the step that did not happen.
+    /// Call it when the agent starts, before its session: no start is in flight then. Blocking.
+    pub fn unlaunched(&self) -> Result<Vec<Launch>, StateError> {
+        let mut launches = Vec::new();
+        for record in self.store.active_runs()? {
+            if record.state != RunState::Starting {
+                continue;
+            }
+            match self.runtime.status(&record.run_id) {
+                Err(RuntimeError::UnknownRun { .. }) => {}
+                // Launched before the crash, or not readable now: the watch takes it from here.
+                _ => continue,
+            }
+            let run_id = record.run_id;
+            let unlaunched = "the agent stopped after recording this run and before launching it";
+            match record.launch {
+                Some(launch) if !launch.had_registry_auth => launches.push(launch),
+                Some(launch) => self.fail_unlaunched(
+                    Some(&launch.op),
+                    &run_id,
+                    format!("{unlaunched}, and the registry credential it needs is never recorded on the node; run it again with --registry-auth"),
+                )?,
+                None => {
+                    let claim = self.store.applied(&format!("run-claim:{run_id}"))?;
+                    let op = claim.as_ref().and_then(|c| c["op"].as_str());
+                    self.fail_unlaunched(
+                        op,
+                        &run_id,
+                        format!("{unlaunched}, and its record (written by an older agent) keeps no start to complete; run it again"),
+                    )?
+                }
+            }
+        }
+        Ok(launches)
+    }
+
+    /// Completes a start [`Node::unlaunched`] found: launched under its own operation, whose
+    /// answer is recorded, so the runtime's claim by run id keeps it to one launch even when the
+    /// coordinator redelivers the start beside it. Blocking.
+    pub fn complete(&self, launch: &Launch) -> Result<(), StateError> {
+        let run_id = &launch.start.run_id;
+        tracing::info!(%run_id, "completing a start the agent recorded but did not launch");
+        let answer = self.start(&launch.op, &launch.start);
+        self.store.record_applied(&launch.op, &recorded(&answer))?;
+        crate::runtime::sync_run(&self.store, self.runtime.as_ref(), run_id).map(drop)
+    }
+
+    /// A start cut off before its launch that cannot be completed: its operation is answered
+    /// with `why` (a redelivered start reads that answer, never launching after all), then the
+    /// run is recorded `failed` with it.
+    fn fail_unlaunched(
+        &self,
+        op: Option<&str>,
+        run_id: &str,
+        why: String,
+    ) -> Result<(), StateError> {
+        if let Some(op) = op {
+            let answer: Answer = Err(Refusal::new(
+                RefusalClass::Other,
+                format!("run {run_id}: {why}"),
+            ));
+            self.store.record_applied(op, &recorded(&answer))?;
+        }
+        self.store
+            .transition(run_id, RunState::Failed, RunReport::error(why))
+            .map(drop)
     }
 
     /// A start that could not launch: the run is recorded `failed` with the reason, once.
@@ -421,6 +493,36 @@ impl Node {
         let size = collected.size;
         Ok(Reply::Collected { digest, size })
     }
+}
+
+/// Test builds only: `FLEET_AGENT_HOLD_AT=POINT:MARKER` holds the step that reaches `POINT`
+/// for good the first time (when it can create `MARKER`), while the session goes on, so a test
+/// can SIGKILL the agent exactly there. Release builds have no such hook.
+#[cfg(debug_assertions)]
+fn hold_point(point: &str) {
+    let Ok(wanted) = std::env::var("FLEET_AGENT_HOLD_AT") else {
+        return;
+    };
+    if let Some((at, marker)) = wanted.split_once(':')
+        && at == point
+        && std::fs::File::create_new(marker).is_ok()
+    {
+        tracing::warn!(
+            point,
+            "FLEET_AGENT_HOLD_AT: holding this step until the agent is killed"
+        );
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn hold_point(_point: &str) {}
+
+/// An answer as the node records it.
+fn recorded(answer: &Answer) -> serde_json::Value {
+    serde_json::to_value(answer).expect("answers serialize")
 }
 
 /// A content error as the refusal the coordinator reads.

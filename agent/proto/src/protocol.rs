@@ -182,11 +182,12 @@ impl Command {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StartRun {
     pub run_id: String,
     pub workload: Workload,
-    /// The credential for pulling an image, in this command only: the node never records it.
+    /// The credential for pulling an image, in this command only: the node never records it
+    /// (its record of the start leaves it out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_auth: Option<crate::run::RegistryAuth>,
     #[serde(flatten)]

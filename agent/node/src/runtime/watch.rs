@@ -20,7 +20,8 @@ pub struct SyncReport {
 /// Brings the spool up to date with the runtime for every run not yet in a final state.
 ///
 /// A run the runtime does not hold is `lost` once it was seen `running` (its folder is gone);
-/// while still `starting` its launch may yet come (a redelivered start), so it is left alone.
+/// while still `starting` its launch is in flight, or is completed from its record when the
+/// agent starts ([`crate::node::Node::unlaunched`]), so it is left alone here.
 /// Blocking: call it from `tokio::task::spawn_blocking`.
 pub fn sync_runs(store: &Store, runtime: &dyn Runtime) -> Result<SyncReport, StateError> {
     let mut report = SyncReport::default();

@@ -20,7 +20,7 @@ mod spool;
 pub use error::StateError;
 pub use fleet_proto::run::Event;
 pub use ops::StoredResult;
-pub use runs::{KEEP_FINAL_RUNS, RunRecord};
+pub use runs::{KEEP_FINAL_RUNS, Launch, RunRecord};
 
 use redb::{
     Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,

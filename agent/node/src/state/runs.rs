@@ -2,6 +2,7 @@
 //! transition is spooled exactly once, across restarts.
 use super::{Event, StateError, Store, now_unix_ms};
 use fleet_proto::Digest;
+use fleet_proto::protocol::StartRun;
 use fleet_proto::run::{RunReport, RunState, Workload};
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
@@ -27,6 +28,37 @@ pub struct RunRecord {
     /// The content its inputs were copied from (kept while this record is).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<Digest>,
+    /// The start to complete if the agent stopped between this record and the runtime's launch;
+    /// dropped once the run moves on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Launch>,
+}
+
+/// A start as the node recorded it before launching: what completes the start when a crash cut
+/// it off between the record and the runtime's claim.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Launch {
+    /// The operation that started the run (the one its run id belongs to).
+    pub op: String,
+    /// The start without its registry credential: the node never records one.
+    pub start: StartRun,
+    /// Whether the start carried a registry credential, which a completed start would lack.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub had_registry_auth: bool,
+}
+
+impl Launch {
+    /// The record of `start` under `op`, its registry credential left out.
+    pub fn of(op: &str, start: &StartRun) -> Launch {
+        Launch {
+            op: op.to_string(),
+            start: StartRun {
+                registry_auth: None,
+                ..start.clone()
+            },
+            had_registry_auth: start.registry_auth.is_some(),
+        }
+    }
 }
 
 impl RunRecord {
@@ -61,6 +93,27 @@ impl Store {
         workload: &Workload,
         inputs: &[Digest],
     ) -> Result<Option<Event>, StateError> {
+        self.track(run_id, workload, inputs, None)
+    }
+
+    /// Like [`Store::track_run_with`] for the run `launch` starts, keeping the start itself so a
+    /// crash before the launch is completed at the next open ([`crate::node::Node::unlaunched`]).
+    pub fn track_launch(
+        &self,
+        launch: &Launch,
+        inputs: &[Digest],
+    ) -> Result<Option<Event>, StateError> {
+        let start = &launch.start;
+        self.track(&start.run_id, &start.workload, inputs, Some(launch))
+    }
+
+    fn track(
+        &self,
+        run_id: &str,
+        workload: &Workload,
+        inputs: &[Digest],
+        launch: Option<&Launch>,
+    ) -> Result<Option<Event>, StateError> {
         self.write(|tx| {
             if self.get_run(tx, run_id)?.is_some() {
                 return Ok(None);
@@ -71,6 +124,7 @@ impl Store {
                 state: RunState::Starting,
                 updated_unix_ms: now_unix_ms(),
                 inputs: inputs.to_vec(),
+                launch: launch.cloned(),
             };
             self.put_run(tx, &record)?;
             self.append_in(tx, run_id, RunState::Starting, RunReport::default())
@@ -99,6 +153,8 @@ impl Store {
             }
             record.state = state;
             record.updated_unix_ms = now_unix_ms();
+            // Launched or ended: nothing is left to complete.
+            record.launch = None;
             self.put_run(tx, &record)?;
             if state.is_final() {
                 self.remember_final(tx, run_id)?;

@@ -60,6 +60,38 @@ fn event_ids_are_monotonic_and_never_reused_after_acks_and_reopening() {
 }
 
 #[test]
+fn a_recorded_start_is_kept_without_its_credential_until_the_run_moves_on() {
+    use fleet_proto::protocol::StartRun;
+    use fleet_proto::run::RegistryAuth;
+    let d = dir();
+    let store = Store::open(d.path()).unwrap();
+    let start = StartRun {
+        run_id: "r1".into(),
+        workload: program(),
+        registry_auth: Some(RegistryAuth {
+            username: "ci".into(),
+            password: "secret-password".into(),
+        }),
+        options: Default::default(),
+    };
+    let launch = Launch::of("start-r1", &start);
+    assert!(launch.had_registry_auth && launch.start.registry_auth.is_none());
+    store.track_launch(&launch, &[]).unwrap().unwrap();
+    drop(store);
+    let bytes = std::fs::read(d.path().join(FILE_NAME)).unwrap();
+    assert!(
+        !bytes.windows(15).any(|w| w == b"secret-password"),
+        "the credential reached the disk"
+    );
+    let store = Store::open(d.path()).unwrap();
+    assert_eq!(store.run("r1").unwrap().unwrap().launch, Some(launch));
+    store
+        .transition("r1", RunState::Running, RunReport::default())
+        .unwrap();
+    assert_eq!(store.run("r1").unwrap().unwrap().launch, None);
+}
+
+#[test]
 fn each_run_transition_is_spooled_once_and_final_states_stay_final() {
     let d = dir();
     let store = Store::open(d.path()).unwrap();

@@ -67,12 +67,18 @@ pub(super) async fn connect(address: &EngineAddress) -> Result<(Docker, String),
         reason,
     };
     let docker = client(address).map_err(&failed)?;
-    let docker = docker.negotiate_version().await.map_err(|e| {
-        failed(format!(
-            "{}; start the engine or pass --docker-host",
-            tls_reason(&e, address)
-        ))
-    })?;
+    let docker = match docker.negotiate_version().await {
+        Ok(docker) => docker,
+        Err(e) => {
+            let reason = match &address.tls {
+                Some(files) => tls_reason(&e, host_port(address), files).await,
+                None => super::describe(&e),
+            };
+            return Err(failed(format!(
+                "{reason}; start the engine or pass --docker-host"
+            )));
+        }
+    };
     let docker = speaking(docker, None);
     let version = docker
         .version()
@@ -110,9 +116,22 @@ pub(super) fn speaking(
     })
 }
 
+/// The address's scheme (`tcp` when none is written) and what follows it.
+fn split_scheme(host: &str) -> (&str, &str) {
+    host.split_once("://").unwrap_or(("tcp", host))
+}
+
+/// `HOST:PORT` of a TCP or TLS engine.
+fn host_port(address: &EngineAddress) -> &str {
+    address
+        .host
+        .as_deref()
+        .map_or(LOCAL_SOCKET, |h| split_scheme(h).1)
+}
+
 fn client(address: &EngineAddress) -> Result<Docker, String> {
     let host = address.describe();
-    let (scheme, rest) = host.split_once("://").unwrap_or(("tcp", host.as_str()));
+    let (scheme, rest) = split_scheme(&host);
     match (scheme, &address.tls) {
         ("unix", None) => {
             Docker::connect_with_unix(rest, REQUEST_TIMEOUT_S, API_DEFAULT_VERSION)
@@ -206,28 +225,57 @@ fn tls_config(files: &TlsFiles) -> Result<rustls::ClientConfig, String> {
 }
 
 /// A failed first request over TLS, told apart: an untrusted server, a client certificate
-/// missing or refused, each name the flags to fix.
-fn tls_reason(e: &bollard::errors::Error, address: &EngineAddress) -> String {
-    let text = format!("{e:?}");
-    if let Some(files) = &address.tls {
-        if text.contains("UnknownIssuer")
-            || text.contains("BadSignature")
-            || text.contains("NotValidForName")
-        {
-            return "the engine's certificate is not trusted through --docker-tls-ca; pass the CA that signed it".into();
-        }
-        if files.cert.is_none()
-            && (text.contains("CertificateRequired") || text.contains("HandshakeFailure"))
-        {
-            return "the engine requires a client certificate and none was given; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts".into();
-        }
-        if text.contains("CertificateRequired")
-            || text.contains("BadCertificate")
-            || text.contains("UnknownCA")
-            || text.contains("unknown ca")
-        {
-            return "the engine refused this client's certificate; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts".into();
-        }
+/// missing or refused, each name the flags to fix. The request's own error may say only that
+/// the connection ended (over TLS 1.3 the engine refuses a certificate after the handshake, and
+/// the request can lose the race with its alert), so the handshake is tried once more on a
+/// connection of its own that reads until the engine answers or ends it.
+async fn tls_reason(e: &bollard::errors::Error, host_port: &str, files: &TlsFiles) -> String {
+    let text = match tls_failure(host_port, files).await {
+        Some(probe) => format!("{probe} {e:?}"),
+        None => format!("{e:?}"),
+    };
+    if text.contains("UnknownIssuer")
+        || text.contains("BadSignature")
+        || text.contains("NotValidForName")
+    {
+        return "the engine's certificate is not trusted through --docker-tls-ca; pass the CA that signed it".into();
+    }
+    if files.cert.is_none()
+        && (text.contains("CertificateRequired") || text.contains("HandshakeFailure"))
+    {
+        return "the engine requires a client certificate and none was given; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts".into();
+    }
+    if text.contains("CertificateRequired")
+        || text.contains("BadCertificate")
+        || text.contains("UnknownCA")
+        || text.contains("unknown ca")
+    {
+        return "the engine refused this client's certificate; pass --docker-tls-cert and --docker-tls-key signed by the CA the engine trusts".into();
     }
     super::describe(e)
+}
+
+/// How a TLS connection to the engine ends when it sends a bare `/_ping` and reads to the end:
+/// the handshake's error or the alert read after it, as text; `None` when it ends cleanly.
+async fn tls_failure(host_port: &str, files: &TlsFiles) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let config = Arc::new(tls_config(files).ok()?);
+    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+    let name =
+        rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_string()).ok()?;
+    let probe = async {
+        let tcp = tokio::net::TcpStream::connect(host_port).await?;
+        let mut tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await?;
+        // The engine may have closed already; its alert is still there to read.
+        let _ = tls.write_all(b"GET /_ping HTTP/1.0\r\n\r\n").await;
+        let mut buf = [0u8; 4096];
+        while tls.read(&mut buf).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(10), probe).await {
+        Ok(Err(e)) => Some(format!("{e:?}")),
+        Ok(Ok(())) | Err(_) => None,
+    }
 }
