@@ -64,8 +64,12 @@ const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
 /// Held (per database) while a store is laid out, so coordinators starting at once take turns.
 const MIGRATION_LOCK: i64 = 0x666c_6565_7473_746f; // "fleetsto"
 
-/// A write closure is run at most this many times when it keeps meeting conflicts.
-const WRITE_TRIES: u32 = 30;
+/// A write that keeps meeting conflicts is tried again for this long: on a busy machine the
+/// transactions take longer and overlap more, so patience is measured in time, not in tries.
+const WRITE_PATIENCE: Duration = Duration::from_secs(60);
+/// The longest pause between two tries of a write; each pause is random up to the cap, which
+/// doubles from 1 ms, so transactions that met stop meeting.
+const WRITE_BACKOFF_CAP: Duration = Duration::from_millis(250);
 
 /// At most this many connections per coordinator.
 const POOL_SIZE: usize = 16;
@@ -439,12 +443,20 @@ impl Backend for PostgresBackend {
 
     fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()> {
         self.with_conn(|conn| {
-            for attempt in 0..WRITE_TRIES {
-                if attempt > 0 {
-                    // Back off a little, randomly, so the transactions that met stop meeting.
-                    let ms = rand::random::<u64>() % (1 << attempt.min(7)).min(100);
-                    std::thread::sleep(Duration::from_millis(ms));
+            let begun = std::time::Instant::now();
+            let mut tries = 0u32;
+            loop {
+                if tries > 0 {
+                    if begun.elapsed() >= WRITE_PATIENCE {
+                        return Err(StoreError::Db(format!(
+                            "a transaction met conflicting ones for {} s ({tries} tries); try again",
+                            WRITE_PATIENCE.as_secs()
+                        )));
+                    }
+                    let cap = (1u64 << tries.min(16)).min(WRITE_BACKOFF_CAP.as_millis() as u64);
+                    std::thread::sleep(Duration::from_millis(rand::random::<u64>() % (cap + 1)));
                 }
+                tries += 1;
                 self.begin(conn, "BEGIN ISOLATION LEVEL SERIALIZABLE")?;
                 let mut tx = PgTx::new(conn);
                 let mut done = f(&mut tx);
@@ -466,9 +478,6 @@ impl Backend for PostgresBackend {
                     committed => return committed.map_err(fail),
                 }
             }
-            Err(StoreError::Db(format!(
-                "a transaction met conflicting ones {WRITE_TRIES} times in a row; try again"
-            )))
         })
     }
 }
