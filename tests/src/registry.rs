@@ -39,12 +39,27 @@ impl Registry {
     }
 
     pub fn start(options: Options) -> Registry {
+        // A free port can be taken by another process before the registry binds it (tests run
+        // side by side): then it is started again on another.
+        const TRIES: usize = 5;
+        for _ in 0..TRIES {
+            match Registry::launch(&options) {
+                Ok(registry) => return registry,
+                Err(log) if log.contains("address already in use") => continue,
+                Err(log) => panic!("docker-registry exited:\n{log}"),
+            }
+        }
+        panic!("docker-registry found its port taken {TRIES} times in a row")
+    }
+
+    /// Starts the registry on a free port; `Err` with its log when it exits before it listens.
+    fn launch(options: &Options) -> Result<Registry, String> {
         let dir = crate::tempdir();
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}")
             .parse()
             .expect("a loopback address");
-        let config = config(dir.path(), addr, &options);
+        let config = config(dir.path(), addr, options);
         std::fs::write(dir.path().join("config.yml"), config)
             .expect("can write the registry config");
         let log =
@@ -58,8 +73,8 @@ impl Registry {
             .spawn()
             .expect("docker-registry is installed (cargo xtask ci installs it)");
         let mut registry = Registry { child, dir, addr };
-        registry.wait_listening();
-        registry
+        registry.wait_listening()?;
+        Ok(registry)
     }
 
     /// `127.0.0.1:PORT`, the host part of a `docker://` reference.
@@ -118,15 +133,21 @@ impl Registry {
         self.dir.path().join("storage")
     }
 
-    fn wait_listening(&mut self) {
+    /// Waits until this registry says it listens on its address and answers there (another
+    /// process on the port would answer too); `Err` with its log when it exits first.
+    fn wait_listening(&mut self) -> Result<(), String> {
+        let said = format!("listening on {}", self.addr);
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("docker-registry exited with {status}:\n{}", self.log());
+                return Err(format!("exit {status}:\n{}", self.log()));
             }
-            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
-                return;
+            if self.log().contains(&said)
+                && TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok()
+            {
+                return Ok(());
             }
+            // Polling pace, not a wait for time.
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!(
