@@ -644,44 +644,6 @@ fn an_artifact_is_replicated_with_a_one_time_ticket_timed_and_published_as_the_l
     assert_eq!(fleet.sent(&digest), [(0, size)]);
 }
 
-#[test]
-fn a_ticket_reads_once_for_its_node_and_content_until_it_expires() {
-    use fleet_coordinator::runs::Ticket;
-    use fleet_coordinator::{Coordinator, StoreLocation};
-    let dir = testkit::tempdir();
-    let coordinator = Coordinator::open(dir.path(), &StoreLocation::Embedded).unwrap();
-    let digest = fleet_proto::Digest::of_reader(&b"artifact"[..]).unwrap();
-    let other = fleet_proto::Digest::of_reader(&b"other"[..]).unwrap();
-    let mint = |name: &str, valid: Duration| {
-        let ticket = Ticket {
-            node_id: "n-1".into(),
-            digest: digest.clone(),
-            until: std::time::Instant::now() + valid,
-        };
-        (coordinator.live.tickets.lock().unwrap()).insert(name.into(), ticket);
-    };
-    mint("t1", Duration::from_secs(60));
-    assert_eq!(coordinator.spend_ticket("t1", "n-1", &digest), Ok(()));
-    assert_eq!(
-        coordinator.spend_ticket("t1", "n-1", &digest),
-        Err(format!(
-            "the ticket for {digest} is spent or unknown: a ticket reads once; mint a new one"
-        ))
-    );
-    mint("t2", Duration::ZERO);
-    assert_eq!(
-        coordinator.spend_ticket("t2", "n-1", &digest),
-        Err(format!("the ticket for {digest} expired; mint a new one"))
-    );
-    mint("t3", Duration::from_secs(60));
-    assert_eq!(
-        coordinator.spend_ticket("t3", "n-1", &other),
-        Err(format!(
-            "the ticket was minted for another node or content than {other}; mint one for this fetch"
-        ))
-    );
-}
-
 /// A small HTTP(S) server for one file, as an object store serves a presigned URL: `GET /art`
 /// (honouring `Range: bytes=N-`), 403 for any other path; counts the requests it answered.
 struct FileServer {
@@ -838,33 +800,36 @@ fn the_blob_sweep_removes_only_content_no_run_refers_to_after_its_grace() {
     let import = |name: &str| {
         let file = dir.path().join(name);
         std::fs::write(&file, name).unwrap();
-        coordinator.blobs.import(&file).unwrap().0
+        coordinator.blobs().import(&file).unwrap().0
     };
     let (program, input, loose) = (import("program"), import("input"), import("loose"));
     let mut run = conformance::run("r1", "s1", "n-1", b"", 1);
     run.workload = fleet_proto::run::Workload::Program(program.clone());
     run.options.inputs = vec![("data".into(), input.clone())];
-    coordinator.store.create_set("s1", &[run]).unwrap();
-    let cut_upload = coordinator.blobs.collected_partial("u1");
+    coordinator.store().create_set("s1", &[run]).unwrap();
+    let cut_upload = coordinator.blobs().collected_partial("u1");
     std::fs::create_dir_all(cut_upload.parent().unwrap()).unwrap();
     std::fs::write(&cut_upload, "half").unwrap();
     coordinator.sweep_blobs(Duration::from_secs(3600)).unwrap();
     assert!(
-        coordinator.blobs.has(&loose),
+        coordinator.blobs().has(&loose),
         "within its grace a blob stays"
     );
     assert!(cut_upload.exists(), "within its grace a cut upload stays");
     coordinator.sweep_blobs(Duration::ZERO).unwrap();
     assert!(
-        !coordinator.blobs.has(&loose),
+        !coordinator.blobs().has(&loose),
         "no run refers to it: removed"
     );
     assert!(!cut_upload.exists(), "an upload nobody finished: removed");
     assert!(
-        coordinator.blobs.has(&program),
+        coordinator.blobs().has(&program),
         "a stored run's program stays"
     );
-    assert!(coordinator.blobs.has(&input), "a stored run's input stays");
+    assert!(
+        coordinator.blobs().has(&input),
+        "a stored run's input stays"
+    );
 }
 
 #[test]

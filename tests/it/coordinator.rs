@@ -280,3 +280,116 @@ fn the_agent_links_no_coordinator_code() {
         );
     }
 }
+
+/// `fleet-loadgen` with `count` simulated nodes joined through `coord`, each keeping a session.
+fn simulated_nodes(
+    coord: &Coordinator,
+    dir: &std::path::Path,
+    count: usize,
+) -> std::process::Child {
+    let joins = dir.join("joins.jsonl");
+    let minted = coord.token(&["--count", &count.to_string(), "--ttl", "10m"]);
+    std::fs::write(&joins, minted).unwrap();
+    testkit::cmd("fleet-loadgen")
+        .arg("--join-files")
+        .arg(&joins)
+        .args(["--duration", "10m"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("loadgen.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until `count` nodes have opened a session.
+fn sessions_open(coord: &Coordinator, count: usize) -> bool {
+    wait_until(Duration::from_secs(120), || {
+        let nodes = coord.nodes();
+        nodes.len() == count && nodes.iter().all(|n| n["sessions"].as_u64() >= Some(1))
+    })
+}
+
+#[test]
+fn past_its_connection_cap_the_coordinator_serves_the_next_connection_once_one_closes() {
+    use std::io::{Read, Write};
+    let dir = testkit::tempdir();
+    let flags = [
+        "--max-connections",
+        "2",
+        "--heartbeat",
+        "1s",
+        "--lease",
+        "30s",
+    ];
+    let coord = Coordinator::start(&dir.path().join("coord"), &flags);
+    let mut nodes = simulated_nodes(&coord, dir.path(), 2);
+    assert!(sessions_open(&coord, 2), "{}", coord.log_text());
+    let full = "the connection cap of 2 is reached: new connections wait in the listen backlog until one closes; raise --max-connections (and the open-file limit) for more";
+    assert!(
+        wait_until(WAIT, || coord.log_text().contains(full)),
+        "{}",
+        coord.log_text()
+    );
+    // Two sessions hold both places: a bundle download waits in the backlog, unanswered.
+    let mut waiting = std::net::TcpStream::connect(&coord.addr).unwrap();
+    waiting
+        .write_all(b"GET /bundles/hub-linux-x86_64.tar.gz HTTP/1.1\r\n\r\n")
+        .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut first = [0u8; 1];
+    let early = waiting.read(&mut first);
+    assert!(
+        early
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "answered while at the cap: {early:?}"
+    );
+    // The sessions go: the download is served.
+    nodes.kill().unwrap();
+    nodes.wait().unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut answer = String::new();
+    waiting.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+}
+
+#[test]
+fn a_stopped_coordinator_ends_100_live_sessions_within_its_grace_and_cuts_none() {
+    let dir = testkit::tempdir();
+    let flags = [
+        "--shutdown-grace",
+        "30s",
+        "--heartbeat",
+        "1s",
+        "--lease",
+        "30s",
+    ];
+    let mut coord = Coordinator::start(&dir.path().join("coord"), &flags);
+    let mut nodes = simulated_nodes(&coord, dir.path(), 100);
+    assert!(sessions_open(&coord, 100), "{}", coord.log_text());
+    let stopped_at = Instant::now();
+    let term = testkit::output(
+        std::process::Command::new("kill")
+            .args(["-TERM", &coord.pid().to_string()])
+            .stdin(std::process::Stdio::null()),
+    );
+    assert!(term.status.success());
+    let exited = coord.wait_exit(Duration::from_secs(60));
+    let took = stopped_at.elapsed();
+    nodes.kill().unwrap();
+    nodes.wait().unwrap();
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "serve did not exit cleanly on SIGTERM: {exited:?}\n{}",
+        coord.log_text()
+    );
+    let log = coord.log_text();
+    assert!(
+        log.contains("stopped serving: 100 of 100 connections ended within the grace, 0 cut"),
+        "{log}"
+    );
+    eprintln!("100 sessions drained; serve exited {took:?} after SIGTERM");
+}

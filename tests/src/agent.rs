@@ -23,6 +23,18 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Waits up to `timeout` for `child` to exit on its own.
+fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
 /// A `fleet-agent coordinator serve` process on loopback, killed when dropped.
 pub struct Coordinator {
     pub data: PathBuf,
@@ -100,6 +112,15 @@ impl Coordinator {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Waits up to `timeout` for the serving process to exit by itself (after a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let status = wait_exit(self.child.as_mut().expect("serving"), timeout);
+        if status.is_some() {
+            self.child = None;
+        }
+        status
     }
 
     /// Starts it again on the same port and data.
@@ -212,14 +233,7 @@ impl Agent {
 
     /// Waits for the process to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        wait_exit(&mut self.child, timeout)
     }
 
     pub fn pid(&self) -> u32 {

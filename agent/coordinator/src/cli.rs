@@ -208,6 +208,12 @@ pub struct ServeArgs {
     /// A run no node took within this long fails
     #[arg(long, default_value = "20m", value_parser = duration::parse)]
     pub waiting_timeout: Duration,
+    /// Connections served at once; past it new ones wait (default: the open-file limit less 256)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
+    /// On shutdown, how long connections get to finish before they are cut
+    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    pub shutdown_grace: Duration,
 }
 
 #[derive(Args)]

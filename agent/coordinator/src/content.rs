@@ -4,12 +4,12 @@
 //! files under the data folder (`blobs/sha256/HEX`); the store's reference counts decide when
 //! a blob is no longer referred to, and [`Coordinator::sweep_blobs`] removes it then. A collect's
 //! upload lands apart (`blobs/collected/NAME`), for the CLI to move to `--out`.
-use super::Coordinator;
+use crate::Coordinator;
+use crate::runs::off_thread;
 use fleet_proto::Digest;
 use fleet_proto::content::{self, Streamed};
 use fleet_proto::protocol::{self, Down, Up};
 use sha2::Sha256;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
@@ -21,23 +21,16 @@ pub const BLOB_GRACE: Duration = Duration::from_secs(600);
 /// How long an upload's digest may take to follow its last byte.
 const SENT_WAIT: Duration = Duration::from_secs(30);
 
-/// Content bytes this coordinator sent to nodes and received from them since it started.
-#[derive(Default)]
-pub struct Counters {
-    pub sent: AtomicU64,
-    pub received: AtomicU64,
-}
-
 impl Coordinator {
     /// Sends the content of `digest` from byte `offset`: [`Down::Content`], then the bytes.
-    pub async fn send_content<S: AsyncRead + AsyncWrite + Unpin>(
+    pub(crate) async fn send_content<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         node_id: &str,
         digest: &Digest,
         offset: u64,
     ) -> Result<(), String> {
-        let path = self.blobs.path(digest);
+        let path = self.blobs().path(digest);
         let mut file = match tokio::fs::File::open(&path).await {
             Ok(file) => file,
             Err(e) => {
@@ -66,7 +59,7 @@ impl Coordinator {
             Streamed::Done => size - offset,
             Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
         };
-        self.content.sent.fetch_add(sent, Ordering::Relaxed);
+        self.traffic().sent(sent);
         tracing::info!(%node_id, %digest, offset, bytes = sent, "content sent");
         match streamed {
             Streamed::Done => {
@@ -84,26 +77,22 @@ impl Coordinator {
     /// first as [`Down::UploadFrom`]), hashed as they land, then the digest the node hashed
     /// them to ([`Up::Sent`]); only when both agree is the upload put in place for the CLI,
     /// and answered [`Down::Stored`]. A cut try keeps what arrived, so the next resumes.
-    pub async fn receive_content<S: AsyncRead + AsyncWrite + Unpin>(
+    pub(crate) async fn receive_content<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         node_id: &str,
         upload: &str,
         size: u64,
     ) -> Result<(), String> {
-        let partial = self.blobs.collected_partial(upload);
-        let disk = |e| blob_disk(&self.blobs, e);
+        let partial = self.blobs().collected_partial(upload);
+        let disk = |e| blob_disk(self.blobs(), e);
         let result = async {
-            std::fs::create_dir_all(partial.parent().expect("a folder")).map_err(disk)?;
-            let (mut hasher, held) = match content::hash_prefix(&partial) {
-                Ok((_, held)) if held > size => {
-                    std::fs::remove_file(&partial).map_err(disk)?;
-                    (Sha256::default(), 0)
-                }
-                Ok(prefix) => prefix,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Sha256::default(), 0),
-                Err(e) => return Err(disk(e)),
-            };
+            let (mut hasher, held) = off_thread({
+                let partial = partial.clone();
+                move || resume_point(&partial, size)
+            })
+            .await
+            .map_err(disk)?;
             protocol::write_msg(stream, &Down::UploadFrom { offset: held })
                 .await
                 .map_err(|e| e.to_string())?;
@@ -119,7 +108,7 @@ impl Coordinator {
                 Streamed::Done => size - held,
                 Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
             };
-            self.content.received.fetch_add(got, Ordering::Relaxed);
+            self.traffic().received(got);
             let stopped = |cause: String| {
                 format!(
                     "the upload {upload} from {node_id} stopped after {} of {size} bytes: {cause}; the node's next try resumes from there",
@@ -135,7 +124,7 @@ impl Coordinator {
                 }
                 Streamed::Write { cause, .. } => {
                     drop(file);
-                    let _ = std::fs::remove_file(&partial);
+                    let _ = tokio::fs::remove_file(&partial).await;
                     return Err(disk(cause));
                 }
             }
@@ -151,13 +140,14 @@ impl Coordinator {
             let got = Digest::from_hasher(hasher);
             tracing::info!(%node_id, upload, digest = %got, offset = held, bytes = size - held, "content received");
             if got != sent {
-                let _ = std::fs::remove_file(&partial);
+                let _ = tokio::fs::remove_file(&partial).await;
                 return Err(format!(
                     "content {sent}: what arrived hashes to {got}; removed it: if the run still writes the file, collect it once it stopped"
                 ));
             }
-            self.blobs
-                .settle_collected(&partial, upload)
+            let (blobs, name) = (self.blobs().clone(), upload.to_string());
+            off_thread(move || blobs.settle_collected(&partial, &name))
+                .await
                 .map_err(disk)?;
             Ok(got)
         }
@@ -172,26 +162,48 @@ impl Coordinator {
 
     /// Removes blobs no stored run refers to, once they are older than [`BLOB_GRACE`].
     pub fn sweep_blobs(&self, grace: Duration) -> Result<(), String> {
-        let old: Vec<String> = (self.blobs.list().map_err(|e| e.to_string())?)
+        let old: Vec<String> = (self.blobs().list().map_err(|e| e.to_string())?)
             .into_iter()
             .filter(|(_, age)| *age >= grace)
             .map(|(d, _)| d.to_string())
             .collect();
-        for digest in self.store.unreferenced(&old).map_err(|e| e.to_string())? {
+        for digest in self.store().unreferenced(&old).map_err(|e| e.to_string())? {
             if let Ok(digest) = Digest::parse(&digest) {
-                let _ = std::fs::remove_file(self.blobs.path(&digest));
+                let _ = std::fs::remove_file(self.blobs().path(&digest));
                 tracing::info!(%digest, "removed a blob no run refers to");
             }
         }
-        for path in self.blobs.remove_stale(grace).map_err(|e| e.to_string())? {
+        for path in self
+            .blobs()
+            .remove_stale(grace)
+            .map_err(|e| e.to_string())?
+        {
             tracing::info!(path = %path.display(), "removed what a transfer left unfinished");
         }
         Ok(())
     }
 }
 
+/// Where an upload of `size` bytes resumes: the hash of what an earlier try left and its
+/// length; a leftover longer than the upload is removed and it starts over.
+fn resume_point(partial: &std::path::Path, size: u64) -> std::io::Result<(Sha256, u64)> {
+    std::fs::create_dir_all(partial.parent().expect("a folder"))?;
+    match content::hash_prefix(partial) {
+        Ok((_, held)) if held > size => {
+            std::fs::remove_file(partial)?;
+            Ok((Sha256::default(), 0))
+        }
+        Ok(prefix) => Ok(prefix),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Sha256::default(), 0)),
+        Err(e) => Err(e),
+    }
+}
+
 /// A refusal on a content connection: sent to the node, and the reason for the log.
-async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, message: String) -> Result<(), String> {
+pub(crate) async fn refuse<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    message: String,
+) -> Result<(), String> {
     let _ = protocol::write_msg(
         stream,
         &Down::ContentRefused {

@@ -340,6 +340,9 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         lease: args.lease,
         max_session_validity: args.max_session_validity,
         waiting_timeout: args.waiting_timeout,
+        max_connections: (args.max_connections.map(|n| n as usize))
+            .unwrap_or_else(default_max_connections),
+        shutdown_grace: args.shutdown_grace,
     };
     binary::async_runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -348,7 +351,7 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         let local = listener.local_addr()?.to_string();
         let advertise = args.advertise.unwrap_or_else(|| local.clone());
         config.advertise = advertise.clone();
-        tracing::info!(listen = %local, key = %coordinator.public_key_text(), data = %data.display(), store = %coordinator.store.location(), "coordinator serving");
+        tracing::info!(listen = %local, key = %coordinator.public_key_text(), data = %data.display(), store = %coordinator.store().location(), "coordinator serving");
         let socket = operator::bind(data).context("cannot open the operator socket")?;
         let socket = tokio::spawn(operator::listen(socket, coordinator.clone(), Some(advertise)));
         println!("listening on {local}");
@@ -357,4 +360,13 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         let _ = std::fs::remove_file(operator::socket_path(data));
         served.context("the coordinator stopped")
     })
+}
+
+/// Files this process may open, less a reserve for its store, blobs and logs: one a connection.
+fn default_max_connections() -> usize {
+    /// Open files kept for what is not a connection.
+    const RESERVE: u64 = 256;
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let open_files = limit.current.unwrap_or(1 << 20);
+    open_files.saturating_sub(RESERVE).max(1) as usize
 }

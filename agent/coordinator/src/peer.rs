@@ -4,7 +4,8 @@
 //! pinned TLS, on the same port: a connection whose client certificate carries the fleet's own
 //! key is a peer. A peer may ask for a command to be relayed to a node whose session this
 //! coordinator holds ([`Up::Relay`]), and for a blob by digest ([`Up::Fetch`]).
-use super::Coordinator;
+use crate::Coordinator;
+use crate::runs::off_thread;
 use fleet_proto::Digest;
 use fleet_proto::content::{self, Streamed};
 use fleet_proto::pin;
@@ -22,10 +23,10 @@ pub const PEER: &str = "coordinator";
 /// A pinned TLS connection to the coordinator at `address`, proving the fleet's key.
 async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, String> {
     let failed = |e: &dyn std::fmt::Display| format!("cannot reach the coordinator {address}: {e}");
-    let cert =
-        pin::mint_cert(&coordinator.key, Duration::from_secs(3600)).map_err(|e| failed(&e))?;
-    let pinned = coordinator.key.public_key_raw().to_vec();
-    let config = pin::client_config(&coordinator.key, cert, pinned, Arc::new(Mutex::new(None)))
+    let key = coordinator.key();
+    let cert = pin::mint_cert(key, Duration::from_secs(3600)).map_err(|e| failed(&e))?;
+    let pinned = key.public_key_raw().to_vec();
+    let config = pin::client_config(key, cert, pinned, Arc::new(Mutex::new(None)))
         .map_err(|e| failed(&e))?;
     let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
         .await
@@ -41,7 +42,7 @@ async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpS
 
 /// Has the coordinator at `address` pass `command` to the node whose session it holds, and
 /// returns the node's answer.
-pub async fn relay(
+pub(crate) async fn relay(
     coordinator: &Coordinator,
     address: &str,
     node_id: &str,
@@ -69,7 +70,11 @@ pub async fn relay(
 
 /// Copies the blob `digest` from the coordinator at `address` into this coordinator's blob
 /// store, checked against its digest before it lands.
-pub async fn pull(coordinator: &Coordinator, address: &str, digest: &Digest) -> Result<(), String> {
+pub(crate) async fn pull(
+    coordinator: &Coordinator,
+    address: &str,
+    digest: &Digest,
+) -> Result<(), String> {
     let mut stream = dial(coordinator, address).await?;
     let fetch = Up::Fetch {
         node_id: PEER.into(),
@@ -85,7 +90,10 @@ pub async fn pull(coordinator: &Coordinator, address: &str, digest: &Digest) -> 
         Ok(Some(Down::ContentRefused { message })) => return Err(message),
         other => return Err(format!("{address} answered a fetch with {other:?}")),
     };
-    let temp = coordinator.blobs.temp().map_err(|e| e.to_string())?;
+    let blobs = coordinator.blobs().clone();
+    let temp = off_thread(move || blobs.temp())
+        .await
+        .map_err(|e| e.to_string())?;
     let landed = async {
         let mut file = tokio::fs::File::create(&temp)
             .await
@@ -108,15 +116,15 @@ pub async fn pull(coordinator: &Coordinator, address: &str, digest: &Digest) -> 
             };
             return Err(mismatch.to_string());
         }
-        coordinator
-            .blobs
-            .commit(&temp, digest)
+        let (blobs, temp, digest) = (coordinator.blobs().clone(), temp.clone(), digest.clone());
+        off_thread(move || blobs.commit(&temp, &digest))
+            .await
             .map(drop)
             .map_err(|e| e.to_string())
     }
     .await;
     if landed.is_err() {
-        let _ = std::fs::remove_file(&temp);
+        let _ = tokio::fs::remove_file(&temp).await;
     }
     landed
 }
@@ -125,25 +133,25 @@ impl Coordinator {
     /// A peer's relayed command, passed to the node whose session this coordinator holds. A
     /// collect's upload is let in here under the name the peer gave it, and kept as a blob by
     /// its digest, for the peer to copy.
-    pub async fn relayed(&self, node_id: &str, command: Command) -> Answer {
-        let upload = match &command {
-            Command::Collect { upload, .. } => Some(upload.clone()),
+    pub(crate) async fn relayed(&self, node_id: &str, command: Command) -> Answer {
+        let expected = match &command {
+            Command::Collect { upload, .. } => Some(self.uploads().expect(upload, node_id)),
             _ => None,
         };
-        if let Some(upload) = &upload {
-            let mut uploads = self.live.uploads.lock().expect("uploads");
-            uploads.insert(upload.clone(), (node_id.to_string(), Default::default()));
-        }
         let answer = match self.call_held(node_id, command).await {
             Ok(answer) => answer,
             Err(e) => Err(Refusal::new(RefusalClass::NoSession, e.to_string())),
         };
-        if let Some(upload) = upload {
-            self.live.uploads.lock().expect("uploads").remove(&upload);
-            if let Ok(Reply::Collected { digest, .. }) = &answer
-                && let Err(e) = self.blobs.commit(&self.blobs.collected(&upload), digest)
-            {
-                tracing::warn!(%node_id, %digest, "cannot keep a relayed collect as a blob: {e}");
+        if let Some(expected) = expected {
+            let upload = expected.name().to_string();
+            drop(expected);
+            if let Ok(Reply::Collected { digest, .. }) = &answer {
+                let (blobs, digest) = (self.blobs().clone(), digest.clone());
+                let kept =
+                    off_thread(move || blobs.commit(&blobs.collected(&upload), &digest)).await;
+                if let Err(e) = kept {
+                    tracing::warn!(%node_id, "cannot keep a relayed collect as a blob: {e}");
+                }
             }
         }
         answer
@@ -152,12 +160,12 @@ impl Coordinator {
     /// Makes sure the blob store holds `digest`, copying it from another coordinator of the
     /// fleet when it does not (content imported through one coordinator, asked for through
     /// another). Err says why it is still missing.
-    pub async fn ensure_blob(&self, digest: &Digest) -> Result<(), String> {
-        if self.blobs.has(digest) {
+    pub(crate) async fn ensure_blob(&self, digest: &Digest) -> Result<(), String> {
+        if self.blobs().has(digest) {
             return Ok(());
         }
         let mut failures = Vec::new();
-        for address in self.live.peers() {
+        for address in self.fleet().peers() {
             match pull(self, &address, digest).await {
                 Ok(()) => {
                     tracing::info!(%digest, from = %address, "content copied from another coordinator");

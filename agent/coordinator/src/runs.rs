@@ -1,7 +1,7 @@
 //! The run API, mirroring the hub's `fleet.run`, `fleet.run.status` and `fleet.run.collect`: a set
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
-use super::store::{Beat, RunRow};
-use super::{Coordinator, CoordinatorError};
+use crate::store::RunRow;
+use crate::{Coordinator, CoordinatorError};
 use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
@@ -9,10 +9,8 @@ use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Wo
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::oneshot;
 
 /// How long a command through a session may take; a collect moves a whole file first.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -136,55 +134,6 @@ fn patience(command: &Command) -> Duration {
     }
 }
 
-/// A request to a node through its live session, answered with the command's result.
-/// Boxed: the session's channel allocates its slots in blocks, which an idle session keeps.
-pub type NodeCall = Box<(Command, oneshot::Sender<Answer>)>;
-
-/// One node's live session, as the rest of the coordinator reaches it.
-pub struct SessionHandle {
-    pub generation: u64,
-    /// Commands for the node, answered through the session.
-    pub calls: mpsc::Sender<NodeCall>,
-    /// Woken when runs may wait for the node: the session then reads its own waiting runs.
-    pub wake: Arc<Notify>,
-}
-
-/// The serving coordinator's live side: which nodes have a session here, the heartbeats not
-/// written yet, and what is held only in memory.
-pub struct Live {
-    pub sessions: Mutex<HashMap<String, SessionHandle>>,
-    /// The newest heartbeat of each node since the last write; written in one batch a second.
-    pub beats: Arc<Mutex<HashMap<String, Beat>>>,
-    /// Set while `serve` runs: only then can a registry credential be held for a run.
-    pub serving: std::sync::atomic::AtomicBool,
-    /// Registry credentials by run id, until the node takes the run; memory only.
-    pub credentials: Mutex<HashMap<String, RegistryAuth>>,
-    /// Artifact tickets minted and not yet used: ticket -> what it reads; memory only.
-    pub tickets: Mutex<HashMap<String, Ticket>>,
-    /// This coordinator's advertised `host:port`, once it serves.
-    pub address: std::sync::OnceLock<String>,
-    /// Every coordinator serving the same store now, this one included (refreshed each
-    /// heartbeat from the store).
-    pub fleet: Mutex<Vec<String>>,
-    /// Collects under way: upload name -> the node that may send it, and a lock held while a
-    /// try is received (a resumed try waits for the cut one to finish); memory only.
-    pub uploads: Mutex<HashMap<String, (String, UploadLock)>>,
-}
-
-/// Held while one try of an upload is received.
-pub type UploadLock = std::sync::Arc<tokio::sync::Mutex<()>>;
-
-/// What a ticket lets one node read once, until when.
-#[derive(Debug, Clone)]
-pub struct Ticket {
-    pub node_id: String,
-    pub digest: Digest,
-    pub until: std::time::Instant,
-}
-
-/// How long a minted ticket stays usable.
-pub const TICKET_VALID: Duration = Duration::from_secs(60);
-
 /// Replicate an artifact onto a node, through a read minted for that one fetch.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReplicateRequest {
@@ -209,55 +158,6 @@ pub struct Replicated {
     pub size: u64,
     pub copy_ms: u64,
     pub bytes_per_s: Option<u64>,
-}
-
-impl Default for Live {
-    fn default() -> Live {
-        Live {
-            sessions: Mutex::new(HashMap::new()),
-            beats: Default::default(),
-            serving: Default::default(),
-            credentials: Default::default(),
-            tickets: Default::default(),
-            address: Default::default(),
-            fleet: Default::default(),
-            uploads: Default::default(),
-        }
-    }
-}
-
-impl Live {
-    /// Wakes the sessions held here of the nodes named; the others are not this coordinator's.
-    pub fn wake<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) {
-        let sessions = self.sessions.lock().expect("sessions");
-        for node in nodes {
-            if let Some(session) = sessions.get(node) {
-                session.wake.notify_one();
-            }
-        }
-    }
-
-    /// Whether this coordinator sweeps the fleet's runs: the first by address of those serving
-    /// the store now (or the only one).
-    pub fn sweeps(&self) -> bool {
-        let fleet = self.fleet.lock().expect("fleet");
-        fleet
-            .first()
-            .is_none_or(|first| Some(first) == self.address.get())
-    }
-
-    /// The other coordinators serving the same store now.
-    pub fn peers(&self) -> Vec<String> {
-        let own = self.address.get();
-        let fleet = self.fleet.lock().expect("fleet");
-        fleet.iter().filter(|a| Some(*a) != own).cloned().collect()
-    }
-
-    /// The calls channel of the node's session, when this coordinator holds it.
-    pub fn calls(&self, node_id: &str) -> Option<mpsc::Sender<NodeCall>> {
-        let sessions = self.sessions.lock().expect("sessions");
-        sessions.get(node_id).map(|s| s.calls.clone())
-    }
 }
 
 fn random_id(prefix: &str) -> String {
@@ -288,9 +188,9 @@ impl Coordinator {
                     "--registry-auth goes with --image; a program needs none".into(),
                 ));
             }
-            if !self.live.serving.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(bad("--registry-auth needs a serving coordinator: the credential is kept only in its memory until the node takes the run, never in the store; start `fleet-coordinator serve` first".into()));
-            }
+            self.credentials()
+                .can_hold()
+                .map_err(|e| bad(e.to_string()))?;
         }
         let named = program
             .map(|d| ("the program".to_string(), d))
@@ -299,14 +199,14 @@ impl Coordinator {
                 (request.options.inputs.iter()).map(|(name, d)| (format!("the input {name}"), d)),
             );
         for (what, digest) in named {
-            if !self.blobs.has(digest) {
+            if !self.blobs().has(digest) {
                 return Err(bad(format!(
                     "{what} {digest} is not in the blob store {}; pass the file with --program or --input so it is added",
-                    self.blobs.root().display()
+                    self.blobs().root().display()
                 )));
             }
         }
-        let nodes = self.store.nodes()?;
+        let nodes = self.store().nodes()?;
         let selected: Vec<String> = match (&request.node, request.all) {
             (_, true) => nodes.iter().map(|n| n.id.clone()).collect(),
             (Some(wanted), false) => nodes
@@ -355,19 +255,17 @@ impl Coordinator {
             Workload::Image(image) => image.clone(),
         };
         if let Some(auth) = &request.registry_auth {
-            let mut held = self.live.credentials.lock().expect("credentials");
-            for run in &runs {
-                held.insert(run.id.clone(), auth.clone());
-            }
+            (self.credentials())
+                .hold(runs.iter().map(|r| r.id.as_str()), auth)
+                .map_err(|e| bad(e.to_string()))?;
         }
-        if let Err(e) = self.store.create_set(&set_id, &runs) {
-            let mut held = self.live.credentials.lock().expect("credentials");
+        if let Err(e) = self.store().create_set(&set_id, &runs) {
             for run in &runs {
-                held.remove(&run.id);
+                self.credentials().release(&run.id);
             }
             return Err(e.into());
         }
-        self.live.wake(selected.iter().map(String::as_str));
+        self.sessions().wake(selected.iter().map(String::as_str));
         Ok(SetView {
             set_id,
             program: what,
@@ -382,7 +280,7 @@ impl Coordinator {
         run: Option<&str>,
     ) -> Result<Vec<RunView>, CoordinatorError> {
         let rows = match (set, run) {
-            (Some(set), _) => self.store.set_runs(set)?.ok_or_else(|| {
+            (Some(set), _) => self.store().set_runs(set)?.ok_or_else(|| {
                 CoordinatorError::Request(format!("no set {set}: it never existed or was pruned"))
             })?,
             (None, Some(run)) => vec![self.known_run(run)?],
@@ -407,9 +305,7 @@ impl Coordinator {
         let mut raw = [0u8; 16];
         rand::thread_rng().fill_bytes(&mut raw);
         let upload = hex::encode(raw);
-        let uploads = &self.live.uploads;
-        (uploads.lock().expect("uploads"))
-            .insert(upload.clone(), (row.node_id.clone(), Default::default()));
+        let expected = self.uploads().expect(&upload, &row.node_id);
         let command = Command::Collect {
             run_id: run.to_string(),
             path: path.to_string(),
@@ -417,20 +313,27 @@ impl Coordinator {
             max_bytes,
         };
         let answer = self.call_node(&row.node_id, "collect", command).await;
-        (uploads.lock().expect("uploads")).remove(&upload);
+        drop(expected);
         match answer? {
             Reply::Collected { digest, size } => {
                 // Uploaded here, or (relayed) at the coordinator holding the session, which
                 // keeps it as a blob: copied here by digest, checked, and put in place.
-                let here = self.blobs.collected(&upload);
+                let here = self.blobs().collected(&upload);
                 let landed = match here.is_file() {
                     true => Ok(()),
-                    false => self.ensure_blob(&digest).await.and_then(|()| {
-                        let folder = here.parent().expect("a collected file has a folder");
-                        std::fs::create_dir_all(folder)
-                            .and_then(|()| std::fs::rename(self.blobs.path(&digest), &here))
+                    false => match self.ensure_blob(&digest).await {
+                        Ok(()) => {
+                            let (blob, here) = (self.blobs().path(&digest), here.clone());
+                            off_thread(move || {
+                                let folder = here.parent().expect("a collected file has a folder");
+                                std::fs::create_dir_all(folder)
+                                    .and_then(|()| std::fs::rename(blob, &here))
+                            })
+                            .await
                             .map_err(|e| e.to_string())
-                    }),
+                        }
+                        Err(e) => Err(e),
+                    },
                 };
                 match landed {
                     Ok(()) => Ok(Collected {
@@ -474,21 +377,13 @@ impl Coordinator {
                 ));
             }
             (true, None) => {
-                if !self.blobs.has(digest) {
+                if !self.blobs().has(digest) {
                     return Err(bad(format!(
                         "the blob store {} holds no {digest}; pass the artifact with --file",
-                        self.blobs.root().display()
+                        self.blobs().root().display()
                     )));
                 }
-                let mut raw = [0u8; 32];
-                rand::thread_rng().fill_bytes(&mut raw);
-                let ticket = hex::encode(raw);
-                let minted = Ticket {
-                    node_id: node_id.clone(),
-                    digest: digest.clone(),
-                    until: std::time::Instant::now() + TICKET_VALID,
-                };
-                (self.live.tickets.lock().expect("tickets")).insert(ticket.clone(), minted);
+                let ticket = self.tickets().mint(&node_id, digest);
                 Some(MintedRead::Ticket { ticket })
             }
             (false, Some(url)) => Some(MintedRead::Url {
@@ -530,34 +425,6 @@ impl Coordinator {
         }
     }
 
-    /// Whether `upload` names a collect under way that `node_id` was asked to send; its lock.
-    pub fn upload_expected(&self, upload: &str, node_id: &str) -> Result<UploadLock, String> {
-        match (self.live.uploads.lock().expect("uploads")).get(upload) {
-            Some((node, lock)) if node == node_id => Ok(lock.clone()),
-            _ => Err(format!(
-                "no collect under way expects upload {upload} from this node; collect it again"
-            )),
-        }
-    }
-
-    /// Spends a ticket: Ok when it reads `digest` for `node_id` and has not expired; it is
-    /// gone either way.
-    pub fn spend_ticket(&self, ticket: &str, node_id: &str, digest: &Digest) -> Result<(), String> {
-        let minted = (self.live.tickets.lock().expect("tickets")).remove(ticket);
-        match minted {
-            None => Err(format!(
-                "the ticket for {digest} is spent or unknown: a ticket reads once; mint a new one"
-            )),
-            Some(t) if t.node_id != node_id || t.digest != *digest => Err(format!(
-                "the ticket was minted for another node or content than {digest}; mint one for this fetch"
-            )),
-            Some(t) if std::time::Instant::now() >= t.until => {
-                Err(format!("the ticket for {digest} expired; mint a new one"))
-            }
-            Some(_) => Ok(()),
-        }
-    }
-
     /// Stops a run through its node's live session. The node answers once the run ended; the
     /// row follows with the run's final event, its record saying it was stopped.
     pub async fn stop(&self, run: &str) -> Result<(), CoordinatorError> {
@@ -593,7 +460,7 @@ impl Coordinator {
     }
 
     fn known_run(&self, run: &str) -> Result<RunRow, CoordinatorError> {
-        self.store.run(run)?.ok_or_else(|| {
+        self.store().run(run)?.ok_or_else(|| {
             CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
         })
     }
@@ -612,18 +479,18 @@ impl Coordinator {
                 "node {node_id} has no session now: {what} needs it connected to a serving coordinator"
             ))
         };
-        let answer = match self.live.calls(node_id) {
+        let answer = match self.sessions().calls(node_id) {
             Some(_) => self.call_held(node_id, command).await?,
             None => {
                 let id = node_id.to_string();
                 let node = self.with_store(move |store| store.node(&id)).await?;
                 let holder = node.and_then(|n| n.session_at);
-                let holder = holder.filter(|at| Some(at) != self.live.address.get());
+                let holder = holder.filter(|at| Some(at.as_str()) != self.fleet().address());
                 let Some(holder) = holder else {
                     return Err(no_session());
                 };
                 let patience = patience(&command);
-                super::peer::relay(self, &holder, node_id, command, patience)
+                crate::peer::relay(self, &holder, node_id, command, patience)
                     .await
                     .map_err(CoordinatorError::Request)?
             }
@@ -640,7 +507,7 @@ impl Coordinator {
     ) -> Result<Answer, CoordinatorError> {
         let gone =
             || CoordinatorError::Request(format!("node {node_id} went away before answering"));
-        let link = self.live.calls(node_id).ok_or_else(|| {
+        let link = self.sessions().calls(node_id).ok_or_else(|| {
             CoordinatorError::Request(format!(
                 "node {node_id} has no session at this coordinator now; try again once it reconnects"
             ))
@@ -666,16 +533,16 @@ impl Coordinator {
     ) -> Result<(), CoordinatorError> {
         let now = now_ms();
         let nodes: HashMap<String, u64> = self
-            .store
+            .store()
             .nodes()?
             .into_iter()
             .map(|n| (n.id, n.lease_until_ms))
             .collect();
-        for row in self.store.active_runs()? {
+        for row in self.store().active_runs()? {
             let lease_until = nodes.get(&row.node_id).copied().unwrap_or(0);
             // A node whose session this coordinator holds was heard, whatever the store says yet
             // (its heartbeats may wait for a database that is back only now).
-            let held_here = self.live.calls(&row.node_id).is_some();
+            let held_here = self.sessions().holds(&row.node_id);
             let verdict = if row.state == RunState::Waiting {
                 (now > row.created_ms + waiting_timeout_ms).then(|| {
                     (
@@ -699,9 +566,22 @@ impl Coordinator {
                 })
             };
             if let Some((state, reason)) = verdict {
-                self.store.fail_run(&row.id, state, &reason)?;
+                self.store().fail_run(&row.id, state, &reason)?;
+                self.credentials().release(&row.id);
             }
         }
         Ok(())
     }
+}
+
+/// File work from async code, on the blocking pool: the serving coordinator's one async thread
+/// never waits for a disk.
+pub(crate) async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(std::io::Error::other(format!(
+            "file work did not complete: {e}"
+        )))
+    })
 }

@@ -1,0 +1,73 @@
+//! Heartbeats heard and not written yet: the newest of each node, written for the whole fleet in
+//! one change a second, apart from the group commit's queue.
+use crate::store::Beat;
+use fleet_proto::fsutil::now_ms;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Cloned into each session's reader, which notes a heartbeat as it is read.
+#[derive(Clone, Default)]
+pub(crate) struct Beats(Arc<Mutex<HashMap<String, Beat>>>);
+
+impl Beats {
+    /// A heartbeat of `node_id` heard now, extending its lease by `lease_ms`.
+    pub(crate) fn note(&self, node_id: &str, lease_ms: u64) {
+        let beat = beat_now(node_id, lease_ms);
+        self.lock().insert(beat.node_id.clone(), beat);
+    }
+
+    /// Every heartbeat noted since the last take.
+    pub(crate) fn take(&self) -> Vec<Beat> {
+        std::mem::take(&mut *self.lock()).into_values().collect()
+    }
+
+    /// Puts back heartbeats whose write failed, under any newer one heard meanwhile.
+    pub(crate) fn restore(&self, beats: Vec<Beat>) {
+        let mut waiting = self.lock();
+        for beat in beats {
+            waiting.entry(beat.node_id.clone()).or_insert(beat);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Beat>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A heartbeat heard now, and the lease it extends.
+pub(crate) fn beat_now(node_id: &str, lease_ms: u64) -> Beat {
+    let now = now_ms();
+    Beat {
+        node_id: node_id.to_string(),
+        at_ms: now,
+        lease_until_ms: now + lease_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_is_restored_under_a_newer_beat() {
+        let beats = Beats::default();
+        beats.note("n-1", 1000);
+        beats.note("n-2", 1000);
+        let failed = beats.take();
+        assert_eq!(failed.len(), 2);
+        assert!(beats.take().is_empty(), "taken beats are gone");
+        beats.note("n-1", 60_000);
+        beats.restore(failed);
+        let mut kept = beats.take();
+        kept.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        assert_eq!(kept.len(), 2);
+        assert!(
+            kept[0].lease_until_ms >= kept[0].at_ms + 60_000,
+            "the newer beat of n-1 stays: {:?}",
+            kept[0]
+        );
+        assert_eq!(kept[1].node_id, "n-2");
+    }
+}

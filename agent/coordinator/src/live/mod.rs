@@ -1,0 +1,20 @@
+//! What a serving coordinator holds only in memory, each part owned by one type that alone
+//! changes it: the sessions held here, heartbeats not written yet, registry credentials until
+//! their node takes the run, artifact tickets, collects under way, the fleet's coordinators as
+//! last read, and the content bytes moved. The rest of the coordinator asks them.
+mod beats;
+mod credentials;
+mod fleet;
+mod sessions;
+mod tickets;
+mod traffic;
+mod uploads;
+
+pub(crate) use beats::{Beats, beat_now};
+pub(crate) use credentials::Credentials;
+pub(crate) use fleet::FleetView;
+pub(crate) use sessions::{NodeCall, SessionHandle, Sessions};
+pub use tickets::TicketRefusal;
+pub(crate) use tickets::Tickets;
+pub(crate) use traffic::Traffic;
+pub(crate) use uploads::Uploads;

@@ -1,0 +1,136 @@
+//! The node sessions this coordinator holds: one handle per node, the newest session's. The rest
+//! of the coordinator reaches a node through it (a call, a wake-up) and never holds it.
+use fleet_proto::protocol::{Answer, Command};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// A request to a node through its live session, answered with the command's result.
+/// Boxed: the session's channel allocates its slots in blocks, which an idle session keeps.
+pub(crate) type NodeCall = Box<(Command, oneshot::Sender<Answer>)>;
+
+/// One node's live session, as the rest of the coordinator reaches it.
+pub(crate) struct SessionHandle {
+    generation: u64,
+    /// Commands for the node, answered through the session.
+    calls: mpsc::Sender<NodeCall>,
+    /// Woken when runs may wait for the node: the session then reads its own waiting runs.
+    wake: Arc<Notify>,
+}
+
+impl SessionHandle {
+    pub(crate) fn new(generation: u64, calls: mpsc::Sender<NodeCall>, wake: Arc<Notify>) -> Self {
+        SessionHandle {
+            generation,
+            calls,
+            wake,
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Sessions {
+    by_node: Mutex<HashMap<String, SessionHandle>>,
+}
+
+/// A session's place in [`Sessions`], given up when dropped, whichever way the session ended,
+/// unless a newer session of the same node took it meanwhile.
+pub(crate) struct Registered<'a> {
+    sessions: &'a Sessions,
+    node_id: String,
+    generation: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let mut by_node = self.sessions.lock();
+        if (by_node.get(&self.node_id)).is_some_and(|s| s.generation == self.generation) {
+            by_node.remove(&self.node_id);
+        }
+    }
+}
+
+impl Sessions {
+    /// Makes `handle` the way to reach `node_id`, in place of any older session of it.
+    pub(crate) fn register(&self, node_id: &str, handle: SessionHandle) -> Registered<'_> {
+        let generation = handle.generation;
+        self.lock().insert(node_id.to_string(), handle);
+        Registered {
+            sessions: self,
+            node_id: node_id.to_string(),
+            generation,
+        }
+    }
+
+    /// Wakes the sessions held here of the nodes named; the others are not this coordinator's.
+    pub(crate) fn wake<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) {
+        let by_node = self.lock();
+        for node in nodes {
+            if let Some(session) = by_node.get(node) {
+                session.wake.notify_one();
+            }
+        }
+    }
+
+    /// The calls channel of the node's session, when this coordinator holds it.
+    pub(crate) fn calls(&self, node_id: &str) -> Option<mpsc::Sender<NodeCall>> {
+        self.lock().get(node_id).map(|s| s.calls.clone())
+    }
+
+    pub(crate) fn holds(&self, node_id: &str) -> bool {
+        self.lock().contains_key(node_id)
+    }
+
+    /// How many sessions are held here now.
+    pub(crate) fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SessionHandle>> {
+        self.by_node
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(generation: u64) -> (SessionHandle, mpsc::Receiver<NodeCall>, Arc<Notify>) {
+        let (calls, inbox) = mpsc::channel(1);
+        let wake = Arc::new(Notify::new());
+        (
+            SessionHandle::new(generation, calls, wake.clone()),
+            inbox,
+            wake,
+        )
+    }
+
+    #[test]
+    fn an_ended_session_leaves_a_newer_one_of_its_node_in_place() {
+        let sessions = Sessions::default();
+        let (first, _inbox1, _) = handle(1);
+        let older = sessions.register("n-1", first);
+        let (second, _inbox2, _) = handle(2);
+        let newer = sessions.register("n-1", second);
+        drop(older);
+        assert!(sessions.holds("n-1"), "the newer session stays");
+        drop(newer);
+        assert!(!sessions.holds("n-1"));
+        assert_eq!(sessions.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn only_the_named_nodes_held_here_are_woken() {
+        let sessions = Sessions::default();
+        let (one, _inbox, woken) = handle(1);
+        let _held = sessions.register("n-1", one);
+        sessions.wake(["n-2", "n-1"]);
+        tokio::time::timeout(std::time::Duration::from_secs(5), woken.notified())
+            .await
+            .expect("n-1 is woken");
+        assert!(sessions.calls("n-1").is_some());
+        assert!(sessions.calls("n-2").is_none());
+    }
+}

@@ -1,0 +1,86 @@
+//! Collects under way: the upload name each `collect` minted, the node that may send it, and a
+//! lock held while one try is received (a resumed try waits for the cut one to finish).
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Held while one try of an upload is received.
+pub(crate) type UploadLock = Arc<tokio::sync::Mutex<()>>;
+
+#[derive(Default)]
+pub(crate) struct Uploads {
+    expected: Mutex<HashMap<String, (String, UploadLock)>>,
+}
+
+/// An upload expected from one node, for as long as this lives: dropped, whether the collect
+/// was answered, failed or cancelled, the name is no longer accepted.
+pub(crate) struct UploadExpected<'a> {
+    uploads: &'a Uploads,
+    name: String,
+}
+
+impl UploadExpected<'_> {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for UploadExpected<'_> {
+    fn drop(&mut self) {
+        self.uploads.lock().remove(&self.name);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UploadRefusal {
+    #[error("no collect under way expects upload {0} from this node; collect it again")]
+    NotExpected(String),
+}
+
+impl Uploads {
+    /// Expects `name` from `node_id` until the returned guard is dropped.
+    pub(crate) fn expect(&self, name: &str, node_id: &str) -> UploadExpected<'_> {
+        (self.lock()).insert(
+            name.to_string(),
+            (node_id.to_string(), UploadLock::default()),
+        );
+        UploadExpected {
+            uploads: self,
+            name: name.to_string(),
+        }
+    }
+
+    /// The lock of `name` when a collect under way expects it from `node_id`.
+    pub(crate) fn expected(&self, name: &str, node_id: &str) -> Result<UploadLock, UploadRefusal> {
+        match self.lock().get(name) {
+            Some((node, lock)) if node == node_id => Ok(lock.clone()),
+            _ => Err(UploadRefusal::NotExpected(name.to_string())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, UploadLock)>> {
+        self.expected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upload_is_expected_from_its_node_only_while_its_collect_lasts() {
+        let uploads = Uploads::default();
+        let collect = uploads.expect("u1", "n-1");
+        assert!(uploads.expected("u1", "n-1").is_ok());
+        assert_eq!(
+            uploads.expected("u1", "n-2").unwrap_err().to_string(),
+            "no collect under way expects upload u1 from this node; collect it again"
+        );
+        drop(collect);
+        assert_eq!(
+            uploads.expected("u1", "n-1").unwrap_err(),
+            UploadRefusal::NotExpected("u1".into())
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The serving coordinator's loops beside its connections: heartbeat writes, the sweep (with the
+//! fleet's membership and the blob sweep), the fallback wake-up of sessions with runs waiting,
+//! and the listener for runs created through another coordinator. [`Background`] stops them all.
+use super::ServeConfig;
+use crate::store::Beat;
+use crate::{Coordinator, CoordinatorError};
+use fleet_proto::fsutil::now_ms;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Heartbeats are written together this often at most (at least once per heartbeat interval):
+/// one commit a second, whatever the fleet's size.
+const BEAT_WRITES: Duration = Duration::from_secs(1);
+
+/// The loops while serving; dropped, they stop.
+pub(super) struct Background {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    listening: Arc<AtomicBool>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.listening.store(false, Ordering::SeqCst);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts the loops.
+pub(super) fn start(coordinator: &Arc<Coordinator>, config: &Arc<ServeConfig>) -> Background {
+    let tasks = vec![
+        tokio::spawn(sweep_forever(coordinator.clone(), config.clone())),
+        tokio::spawn(write_beats_forever(
+            coordinator.clone(),
+            BEAT_WRITES.min(config.heartbeat),
+        )),
+        tokio::spawn(wake_waiting_forever(coordinator.clone(), config.heartbeat)),
+    ];
+    let listening = Arc::new(AtomicBool::new(true));
+    listen_for_waiting(coordinator.clone(), listening.clone());
+    Background { tasks, listening }
+}
+
+/// Writes the heartbeats gathered since the last write, in one change (one commit).
+async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        let beats: Vec<Beat> = coordinator.beats().take();
+        if beats.is_empty() {
+            continue;
+        }
+        // Apart from the group commit's queue: a backlog of runs' changes never delays a lease.
+        let kept = beats.clone();
+        let written = coordinator
+            .with_store(move |store| store.write_leases(&beats))
+            .await;
+        if let Err(e) = written {
+            tracing::warn!("writing heartbeats failed (tried again with the next ones): {e}");
+            coordinator.beats().restore(kept);
+        }
+    }
+}
+
+/// Wakes the sessions held here whose node has runs waiting: one read of the waiting index,
+/// whatever the fleet's size.
+fn wake_waiting_sessions(coordinator: &Coordinator) {
+    match coordinator.store().waiting_nodes() {
+        Ok(nodes) => coordinator
+            .sessions()
+            .wake(nodes.iter().map(String::as_str)),
+        Err(e) => tracing::warn!("reading the waiting runs failed: {e}"),
+    }
+}
+
+/// Runs created through another coordinator of the same database wake the sessions held here
+/// at once: that coordinator's commit notifies (PostgreSQL's NOTIFY), this thread hears it.
+/// A store only this coordinator opens has nobody to hear from, and the thread ends at once.
+fn listen_for_waiting(coordinator: Arc<Coordinator>, serving: Arc<AtomicBool>) {
+    let listen = move || {
+        while serving.load(Ordering::SeqCst) {
+            match coordinator.store().wait_for_waiting(Duration::from_secs(1)) {
+                None => return,
+                Some(Ok(true)) => wake_waiting_sessions(&coordinator),
+                Some(Ok(false)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!("listening for runs from the other coordinators failed: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("listen-waiting".into())
+        .spawn(listen);
+    if let Err(e) = spawned {
+        tracing::warn!("cannot listen for runs from the other coordinators: {e}");
+    }
+}
+
+/// The fallback for a wake-up that did not come (a notice lost while the database restarted):
+/// every `period`, the sessions held here whose node has runs waiting look at them.
+async fn wake_waiting_forever(coordinator: Arc<Coordinator>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        let waker = coordinator.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || wake_waiting_sessions(&waker)).await {
+            tracing::warn!("waking the sessions with runs waiting did not complete: {e}");
+        }
+    }
+}
+
+/// Says in the store that this coordinator serves it, and learns which others do (those heard
+/// within a lease).
+pub(super) fn join_fleet(
+    coordinator: &Coordinator,
+    lease: Duration,
+) -> Result<(), CoordinatorError> {
+    let now = now_ms();
+    if let Some(address) = coordinator.fleet().address() {
+        coordinator.store().heard_coordinator(address, now)?;
+    }
+    let since = now.saturating_sub(lease.as_millis() as u64);
+    (coordinator.fleet()).heard(coordinator.store().coordinators_since(since)?);
+    Ok(())
+}
+
+/// Every heartbeat: fail runs nobody took in time, mark runs of silent nodes `lost`, and let go
+/// of registry credentials no run can use any more.
+async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) {
+    let up_since = now_ms();
+    let mut tick = tokio::time::interval(config.heartbeat);
+    loop {
+        tick.tick().await;
+        let (swept_by, config) = (coordinator.clone(), config.clone());
+        // The sweep is store calls only: off the async thread, like every other store call here.
+        let swept = tokio::task::spawn_blocking(move || {
+            if let Err(e) = join_fleet(&swept_by, config.lease) {
+                tracing::warn!("saying this coordinator serves the store failed: {e}");
+            }
+            if let Err(e) = swept_by.sweep_blobs(crate::content::BLOB_GRACE) {
+                tracing::warn!("the blob sweep failed: {e}");
+            }
+            // Whichever coordinator failed a waiting run, its credential here is let go.
+            swept_by.credentials().expire();
+            // One coordinator of a fleet sweeps the runs (the first by address of those heard
+            // within a lease); when it goes away, the next one takes over.
+            if !swept_by.fleet().sweeps() {
+                return Ok(());
+            }
+            swept_by.sweep(
+                config.waiting_timeout.as_millis() as u64,
+                up_since,
+                config.lease.as_millis() as u64,
+            )
+        })
+        .await;
+        match swept {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("the run sweep failed: {e}"),
+            Err(e) => tracing::warn!("the run sweep did not complete: {e}"),
+        }
+    }
+}

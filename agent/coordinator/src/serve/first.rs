@@ -1,0 +1,197 @@
+//! A TLS connection's first message, which says what the connection is for: a join, a node's
+//! session, a node's content fetch or upload, or (from a peer proving the fleet's key) a relay
+//! or a blob copy. Each is handled by a function of its own.
+use super::ServeConfig;
+use super::link::{self, Stopping};
+use crate::content::refuse;
+use crate::{Coordinator, node_id, token_hash};
+use fleet_proto::Digest;
+use fleet_proto::fsutil::now_ms;
+use fleet_proto::joinfile::Secret;
+use fleet_proto::pin::{self, CertInfo};
+use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, Up};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+/// From accepting a connection to its first request: a peer that has not proven who it is gets
+/// little time and little memory (see [`MAX_UNIDENTIFIED_FRAME`]).
+pub(super) const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+type Tls = TlsStream<TcpStream>;
+
+/// Err carries why the connection was dropped, for the coordinator's own log only.
+pub(super) async fn handle_tls(
+    coordinator: &Coordinator,
+    config: &ServeConfig,
+    tls: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    stopping: Stopping,
+) -> Result<(), String> {
+    let mut stream = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, tls.accept(stream))
+        .await
+        .map_err(|_| "the handshake timed out".to_string())?
+        .map_err(|e| format!("the handshake failed: {e}"))?;
+    let cert = peer_cert(&stream).ok_or("no client certificate")?;
+    // Another coordinator of the fleet proves the fleet's own key.
+    let peer = cert.key == coordinator.key().public_key_raw();
+    let first = tokio::time::timeout(
+        FIRST_MESSAGE_TIMEOUT,
+        protocol::read_msg_within::<_, Up>(&mut stream, MAX_UNIDENTIFIED_FRAME),
+    )
+    .await
+    .map_err(|_| "no request within the timeout".to_string())?
+    .map_err(|e| e.to_string())?
+    .ok_or("closed before a request")?;
+    match first {
+        Up::Join { token, .. } => join(coordinator, config, stream, &cert, &token).await,
+        Up::Hello { node_id } => {
+            link::session(coordinator, config, stream, cert, node_id, stopping).await
+        }
+        Up::Relay { node_id, command } if peer => {
+            relay(coordinator, stream, &node_id, command).await
+        }
+        Up::Fetch {
+            node_id, digest, ..
+        } if peer => {
+            let mut stream = stream;
+            coordinator
+                .send_content(&mut stream, &node_id, &digest, 0)
+                .await
+        }
+        Up::Fetch {
+            node_id,
+            digest,
+            offset,
+            ticket,
+        } => {
+            fetch(
+                coordinator,
+                stream,
+                &cert,
+                &node_id,
+                &digest,
+                offset,
+                ticket,
+            )
+            .await
+        }
+        Up::Upload {
+            node_id,
+            upload,
+            size,
+        } => receive(coordinator, stream, &cert, &node_id, &upload, size).await,
+        _ => Err("a first message that is neither join, hello, fetch nor upload".into()),
+    }
+}
+
+/// A join: the token is spent for this key (or was, by the same key, whose answer was lost).
+async fn join(
+    coordinator: &Coordinator,
+    config: &ServeConfig,
+    mut stream: Tls,
+    cert: &CertInfo,
+    token: &Secret,
+) -> Result<(), String> {
+    let key = pin::key_text(&cert.key);
+    let id = node_id(&cert.key);
+    let now = now_ms();
+    let lease_until = now + config.lease.as_millis() as u64;
+    let (hash, key_for_store) = (token_hash(&token.0), key.clone());
+    let redeemed = coordinator
+        .with_store(move |store| store.redeem(&hash, &key_for_store, &id, now, lease_until))
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("a join with an unknown, expired or already spent token")?;
+    let node = redeemed.node;
+    if redeemed.first {
+        tracing::info!(node_id = %node.id, name = ?node.name, public_key = %key, "node joined");
+    } else {
+        tracing::info!(node_id = %node.id, "answered a join again for the same key (its answer was lost)");
+    }
+    protocol::write_msg(&mut stream, &Down::Joined { node_id: node.id })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A peer's command for a node whose session this coordinator holds.
+async fn relay(
+    coordinator: &Coordinator,
+    mut stream: Tls,
+    node_id: &str,
+    command: Command,
+) -> Result<(), String> {
+    let answer = coordinator.relayed(node_id, command).await;
+    protocol::write_msg(&mut stream, &Down::Relayed { answer })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A node's fetch of content by digest, from `offset`; an artifact's with its one-time ticket.
+async fn fetch(
+    coordinator: &Coordinator,
+    mut stream: Tls,
+    cert: &CertInfo,
+    node_id: &str,
+    digest: &Digest,
+    offset: u64,
+    ticket: Option<String>,
+) -> Result<(), String> {
+    known_node(coordinator, cert, node_id).await?;
+    // Content imported through another coordinator of the fleet is copied here first.
+    if let Err(e) = coordinator.ensure_blob(digest).await {
+        tracing::warn!(%node_id, %digest, "content not found in the fleet: {e}");
+    }
+    if let Some(ticket) = ticket
+        && let Err(refusal) = coordinator.tickets().spend(&ticket, node_id, digest)
+    {
+        return refuse(&mut stream, refusal.to_string()).await;
+    }
+    coordinator
+        .send_content(&mut stream, node_id, digest, offset)
+        .await
+}
+
+/// A node's upload of a collected file, accepted only under the name its collect minted.
+async fn receive(
+    coordinator: &Coordinator,
+    mut stream: Tls,
+    cert: &CertInfo,
+    node_id: &str,
+    upload: &str,
+    size: u64,
+) -> Result<(), String> {
+    known_node(coordinator, cert, node_id).await?;
+    let lock = match coordinator.uploads().expected(upload, node_id) {
+        Ok(lock) => lock,
+        Err(refusal) => return refuse(&mut stream, refusal.to_string()).await,
+    };
+    let _one_try_at_a_time = lock.lock().await;
+    coordinator
+        .receive_content(&mut stream, node_id, upload, size)
+        .await
+}
+
+fn peer_cert(stream: &Tls) -> Option<CertInfo> {
+    let certs = stream.get_ref().1.peer_certificates()?;
+    pin::cert_info(certs.first()?).ok()
+}
+
+/// A session or content connection is a known node's only when its certificate carries the
+/// key that node joined with.
+pub(super) async fn known_node(
+    coordinator: &Coordinator,
+    cert: &CertInfo,
+    node_id: &str,
+) -> Result<(), String> {
+    let id = node_id.to_string();
+    let node = coordinator
+        .with_store(move |store| store.node(&id))
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("a connection for an unknown node {node_id}"))?;
+    if node.public_key != pin::key_text(&cert.key) {
+        return Err(format!("a connection for {node_id} from another key"));
+    }
+    Ok(())
+}

@@ -1,0 +1,482 @@
+//! A node's live session on the coordinator's side: the welcome, then a [`Link`] that, when
+//! woken, reads only its own node's waiting runs and sends them, hands start answers and event
+//! batches to the group commit and acks them, and reads events leniently so that one it cannot
+//! read is refused alone. It ends when the node goes, its credential lapses, or the coordinator
+//! stops ([`Stopping`]).
+use super::ServeConfig;
+use super::first::known_node;
+use crate::Coordinator;
+use crate::live::{NodeCall, SessionHandle, beat_now};
+use crate::store::{Applied, Beat, Change, NodeEvent, RunRow};
+use fleet_proto::fsutil::now_ms;
+use fleet_proto::pin::{CLOCK_SKEW, CertInfo};
+use fleet_proto::protocol::{self, Answer, Command, Down, StartRun, Up};
+use fleet_proto::run::Workload;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio_rustls::server::TlsStream;
+
+/// Turns true when the coordinator stops serving: every session then ends, and its node
+/// reconnects (to another coordinator of the fleet, or to this one once it is back).
+pub(super) type Stopping = watch::Receiver<bool>;
+
+/// Resolves once the coordinator stops serving (or is gone).
+async fn stopped(stopping: &mut Stopping) {
+    // The value's guard is dropped here: it must not live in a session's future.
+    let _ = stopping.wait_for(|stop| *stop).await.map(drop);
+}
+
+pub(super) async fn session(
+    coordinator: &Coordinator,
+    config: &ServeConfig,
+    mut stream: TlsStream<TcpStream>,
+    cert: CertInfo,
+    node_id: String,
+    stopping: Stopping,
+) -> Result<(), String> {
+    known_node(coordinator, &cert, &node_id).await?;
+    // The certificate is dated by the node's clock, which may be hours off: only its length
+    // counts, and the session lapses that long from now by this coordinator's clock.
+    let longest = (config.max_session_validity + CLOCK_SKEW).as_secs() as i64;
+    let length = cert.not_after - cert.not_before;
+    if length <= 0 {
+        return Err(format!("{node_id} presented an empty session certificate"));
+    }
+    if length > longest {
+        return Err(format!(
+            "{node_id} presented a session certificate valid for longer than the allowed {} s",
+            config.max_session_validity.as_secs()
+        ));
+    }
+    let lease_ms = config.lease.as_millis() as u64;
+    let opened = coordinator
+        .commits()
+        .submit(Change::OpenSession {
+            node_id: node_id.clone(),
+            lease_until_ms: now_ms() + lease_ms,
+            at: coordinator.fleet().address().map(str::to_string),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let Applied::Generation(generation) = opened else {
+        return Err(format!("opening a session was answered with {opened:?}"));
+    };
+    let welcome = Down::Welcome {
+        generation,
+        heartbeat_ms: config.heartbeat.as_millis() as u64,
+        lease_ms,
+        coordinators: coordinator.fleet().members(),
+    };
+    protocol::write_msg(&mut stream, &welcome)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(%node_id, generation, at = ?coordinator.fleet().address(), "session open");
+    let lapses = tokio::time::Instant::now() + Duration::from_secs(length as u64);
+    let (calls_tx, calls) = mpsc::channel(16);
+    let wake = Arc::new(Notify::new());
+    let handle = SessionHandle::new(generation, calls_tx, wake.clone());
+    // Given up when the session ends, unless a newer session of the node took its place.
+    let _registered = coordinator.sessions().register(&node_id, handle);
+    let (reader, writer) = tokio::io::split(stream);
+    let mut link = Link {
+        coordinator,
+        node_id: node_id.clone(),
+        generation,
+        writer,
+        lease_ms,
+        staged: HashSet::new(),
+        inflight: HashMap::new(),
+        next_op: 0,
+    };
+    link.serve(reader, calls, &wake, lapses, config.lease, stopping)
+        .await
+}
+
+/// What an answered operation was for.
+enum Pending {
+    Stage,
+    Start { run_id: String },
+    Call(oneshot::Sender<Answer>),
+}
+
+/// One node's live session on the coordinator side.
+struct Link<'a, W> {
+    coordinator: &'a Coordinator,
+    node_id: String,
+    generation: u64,
+    writer: W,
+    lease_ms: u64,
+    /// Programs sent to the node in this session.
+    staged: HashSet<String>,
+    inflight: HashMap<String, Pending>,
+    next_op: u64,
+}
+
+const BATCH: usize = 256;
+
+impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
+    async fn serve<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
+        &mut self,
+        reader: R,
+        mut calls: mpsc::Receiver<NodeCall>,
+        wake: &Notify,
+        lapses: tokio::time::Instant,
+        lease: Duration,
+        mut stopping: Stopping,
+    ) -> Result<(), String> {
+        let node_id = self.node_id.clone();
+        // A reader task of its own: a read cancelled halfway through a frame would lose it. The
+        // messages are boxed: a channel allocates its slots in blocks, and an idle session should
+        // hold a block of pointers, not of whole messages.
+        let (tx, mut inbox) = mpsc::channel::<Box<Read>>(BATCH);
+        // A heartbeat is noted as it is read: a session waiting on a slow store stays alive.
+        let (beats, lease_ms) = (self.coordinator.beats().clone(), self.lease_ms);
+        let reading = tokio::spawn(async move {
+            let mut reader = reader;
+            loop {
+                let msg = protocol::read_msg::<_, serde_json::Value>(&mut reader)
+                    .await
+                    .map(|m| m.map(parse_up));
+                if let Ok(Some(Inbound::Message(Up::Heartbeat))) = &msg {
+                    beats.note(&node_id, lease_ms);
+                }
+                let end = !matches!(msg, Ok(Some(_)));
+                if tx.send(Box::new(msg)).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let node_id = self.node_id.clone();
+        let result = async {
+            self.dispatch().await?;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(lapses) => {
+                        return Err(format!("the session credential of {node_id} lapsed"));
+                    }
+                    () = stopped(&mut stopping) => {
+                        tracing::info!(%node_id, generation = self.generation, "session closed: the coordinator stops serving");
+                        return Ok(());
+                    }
+                    _ = wake.notified() => self.dispatch().await?,
+                    Some(call) = calls.recv() => {
+                        let (command, reply) = *call;
+                        let op = self.op_id("call");
+                        self.inflight.insert(op.clone(), Pending::Call(reply));
+                        self.send(op, command).await?;
+                    }
+                    msg = tokio::time::timeout(lease, inbox.recv()) => {
+                        let first = match msg.map(|m| m.map(|boxed| *boxed)) {
+                            Err(_) => return Err(format!("{node_id} was silent for a whole lease")),
+                            Ok(None) => return Err(format!("the session of {node_id} ended")),
+                            Ok(Some(Err(e))) => return Err(format!("the session of {node_id} failed: {e}")),
+                            Ok(Some(Ok(None))) => {
+                                tracing::info!(%node_id, generation = self.generation, "session closed by the agent");
+                                return Ok(());
+                            }
+                            Ok(Some(Ok(Some(msg)))) => msg,
+                        };
+                        // Take what else is already here, so events are stored in one transaction.
+                        let mut batch = vec![first];
+                        while batch.len() < BATCH {
+                            match inbox.try_recv().map(|boxed| *boxed) {
+                                Ok(Ok(Some(msg))) => batch.push(msg),
+                                _ => break,
+                            }
+                        }
+                        self.handle(batch).await?;
+                    }
+                }
+            }
+        }
+        .await;
+        reading.abort();
+        result
+    }
+
+    fn op_id(&mut self, kind: &str) -> String {
+        self.next_op += 1;
+        format!("{kind}-g{}-{}", self.generation, self.next_op)
+    }
+
+    async fn send(&mut self, op: String, command: Command) -> Result<(), String> {
+        let msg = Down::Command {
+            op,
+            generation: self.generation,
+            command,
+        };
+        protocol::write_msg(&mut self.writer, &msg)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Sends every run waiting for this node that is not in flight yet, staging its program first.
+    async fn dispatch(&mut self) -> Result<(), String> {
+        let node_id = self.node_id.clone();
+        let read = (self.coordinator)
+            .with_store(move |store| store.waiting_runs(&node_id))
+            .await;
+        // A store that cannot be read now costs no session: the next wake-up or poll looks again.
+        let waiting: Vec<RunRow> = match read {
+            Ok(waiting) => waiting,
+            Err(e) => {
+                tracing::warn!(node_id = %self.node_id, "cannot read the runs waiting: {e}");
+                return Ok(());
+            }
+        };
+        for run in waiting {
+            // Stable op ids: a start redelivered in a later session is answered from the node's record.
+            let op = format!("start-{}", run.id);
+            if self.inflight.contains_key(&op) {
+                continue;
+            }
+            if let Workload::Program(program) = &run.workload
+                && self.staged.insert(program.to_string())
+            {
+                let stage = Command::Stage {
+                    digest: program.clone(),
+                };
+                let stage_op = format!("stage-{}", program.hex());
+                self.inflight.insert(stage_op.clone(), Pending::Stage);
+                self.send(stage_op, stage).await?;
+            }
+            let registry_auth = if run.needs_registry_auth {
+                let held = self.coordinator.credentials().for_start(&run.id);
+                if held.is_none() {
+                    self.fail_without_credential(&run.id).await?;
+                    continue;
+                }
+                held
+            } else {
+                None
+            };
+            self.inflight.insert(
+                op.clone(),
+                Pending::Start {
+                    run_id: run.id.clone(),
+                },
+            );
+            if let Some(raw) = run.raw_command {
+                tracing::info!(node_id = %self.node_id, run_id = %run.id, "sending a raw command in place of the start");
+                self.send_raw(op, raw).await?;
+                continue;
+            }
+            let start = Command::Start(StartRun {
+                run_id: run.id,
+                workload: run.workload,
+                registry_auth,
+                options: run.options,
+            });
+            self.send(op, start).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `raw` as the command object of a command message, unchecked: what a coordinator of
+    /// another protocol version could send (for protocol-skew testing).
+    async fn send_raw(&mut self, op: String, raw: serde_json::Value) -> Result<(), String> {
+        // The envelope comes from the protocol's own type; only its command object is replaced.
+        let envelope = Down::Command {
+            op,
+            generation: self.generation,
+            command: Command::Facts,
+        };
+        let mut msg = serde_json::to_value(envelope).expect("protocol messages serialize");
+        msg["command"] = raw;
+        protocol::write_msg(&mut self.writer, &msg)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn handle(&mut self, batch: Vec<Inbound>) -> Result<(), String> {
+        let mut events = Vec::new();
+        let mut accepted = Vec::new();
+        for msg in batch {
+            let msg = match msg {
+                Inbound::Message(msg) => msg,
+                Inbound::UnreadableEvent(event) => {
+                    if let NodeEvent::Unreadable {
+                        id, run_id, reason, ..
+                    } = &event
+                    {
+                        tracing::warn!(node_id = %self.node_id, event = id, %run_id, "refused an event: {reason}");
+                    }
+                    events.push(event);
+                    continue;
+                }
+                Inbound::Malformed(reason) => {
+                    return Err(format!(
+                        "{} sent a malformed message: {reason}",
+                        self.node_id
+                    ));
+                }
+            };
+            match msg {
+                Up::Event { event } => events.push(NodeEvent::Known(event)),
+                // Noted by the reader already; here it only proves the session alive.
+                Up::Heartbeat => {}
+                Up::Facts { facts } => self.heartbeat(facts).await?,
+                Up::Result { op, answer } => self.answered(&op, answer, &mut accepted),
+                _ => {
+                    return Err(format!(
+                        "{} sent a message that does not belong in a session",
+                        self.node_id
+                    ));
+                }
+            }
+        }
+        if !accepted.is_empty() {
+            self.commit(Change::Accept(accepted)).await?;
+        }
+        if !events.is_empty() {
+            let change = Change::Events {
+                node_id: self.node_id.clone(),
+                events,
+            };
+            let Applied::EventsUpTo(up_to) = self.commit(change).await? else {
+                return Err("storing events was answered with something else".into());
+            };
+            protocol::write_msg(&mut self.writer, &Down::Ack { up_to })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// A heartbeat heard now, and the lease it extends.
+    fn beat(&self) -> Beat {
+        beat_now(&self.node_id, self.lease_ms)
+    }
+
+    /// Records new facts, with the heartbeat they are.
+    async fn heartbeat(&self, facts: fleet_proto::facts::Facts) -> Result<(), String> {
+        let beat = self.beat();
+        self.commit(Change::Facts { beat, facts }).await.map(drop)
+    }
+
+    async fn commit(&self, change: Change) -> Result<Applied, String> {
+        (self.coordinator.commits().submit(change).await).map_err(|e| e.to_string())
+    }
+
+    /// A run whose registry credential is gone (the coordinator restarted before the node took
+    /// it): failed with the reason, since the credential was never stored.
+    async fn fail_without_credential(&mut self, run_id: &str) -> Result<(), String> {
+        let id = run_id.to_string();
+        self.coordinator
+            .with_store(move |store| {
+                store.fail_run(
+                    &id,
+                    fleet_proto::run::RunState::Failed,
+                    "the registry credential was kept only in the coordinator's memory and is gone (it restarted before the node took the run); run it again with --registry-auth",
+                )
+            })
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Settles an answered operation; start answers are gathered for one transaction.
+    fn answered(&mut self, op: &str, answer: Answer, accepted: &mut Vec<(String, Option<String>)>) {
+        let error = answer.as_ref().err().map(|r| r.message.clone());
+        match self.inflight.remove(op) {
+            Some(Pending::Start { run_id }) => {
+                // The node has the run now: its credential is no longer needed anywhere here.
+                self.coordinator.credentials().release(&run_id);
+                accepted.push((run_id, error));
+            }
+            Some(Pending::Stage) => {
+                if let Some(e) = error {
+                    tracing::warn!(node_id = %self.node_id, "staging failed: {e}");
+                }
+            }
+            Some(Pending::Call(reply)) => {
+                let _ = reply.send(answer);
+            }
+            None => tracing::debug!(op, "an answer to an operation not in flight"),
+        }
+    }
+}
+
+/// What the reader task hands the session: a message, the end, or why reading failed.
+type Read = Result<Option<Inbound>, protocol::FrameError>;
+
+/// A message from a node, read leniently enough that one event this coordinator cannot read (a
+/// state from a newer agent) is refused on its own while the session goes on.
+enum Inbound {
+    Message(Up),
+    UnreadableEvent(NodeEvent),
+    Malformed(String),
+}
+
+fn parse_up(value: serde_json::Value) -> Inbound {
+    let is_event = value.get("type").and_then(|t| t.as_str()) == Some("event");
+    let event = value.get("event").cloned();
+    match serde_json::from_value::<Up>(value) {
+        Ok(msg) => Inbound::Message(msg),
+        Err(e) => match event
+            .filter(|_| is_event)
+            .and_then(|ev| unreadable_event(ev, &e))
+        {
+            Some(event) => Inbound::UnreadableEvent(event),
+            None => Inbound::Malformed(e.to_string()),
+        },
+    }
+}
+
+/// An event whose envelope is intact (id, run) but whose content does not parse.
+fn unreadable_event(event: serde_json::Value, error: &serde_json::Error) -> Option<NodeEvent> {
+    let id = event.get("id")?.as_u64()?;
+    let run_id = event.get("run_id")?.as_str()?.to_string();
+    let at_ms = event
+        .get("at_unix_ms")
+        .and_then(|t| t.as_u64())
+        .unwrap_or(0);
+    let state = event
+        .get("state")
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    Some(NodeEvent::Unreadable {
+        id,
+        run_id,
+        at_ms,
+        reason: format!(
+            "event {id} carries state {state}, which this coordinator cannot read ({error}); upgrade the coordinator to the agent's version"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_with_an_unknown_state_is_refused_alone() {
+        let wire = serde_json::json!({
+            "type": "event",
+            "event": { "id": 7, "run_id": "r-1", "state": "paused", "at_unix_ms": 5 }
+        });
+        let Inbound::UnreadableEvent(NodeEvent::Unreadable {
+            id, run_id, reason, ..
+        }) = parse_up(wire)
+        else {
+            panic!("an unknown state must be an unreadable event");
+        };
+        assert_eq!((id, run_id.as_str()), (7, "r-1"));
+        assert!(reason.starts_with("event 7 carries state \"paused\", which this coordinator cannot read (unknown variant `paused`"), "{reason}");
+        let known = serde_json::json!({
+            "type": "event",
+            "event": { "id": 8, "run_id": "r-1", "state": "running", "at_unix_ms": 5 }
+        });
+        assert!(matches!(
+            parse_up(known),
+            Inbound::Message(Up::Event { .. })
+        ));
+        assert!(matches!(
+            parse_up(serde_json::json!({ "type": "launch" })),
+            Inbound::Malformed(_)
+        ));
+    }
+}

@@ -1,0 +1,124 @@
+//! `coordinator serve`: one port for joins, sessions (TLS, first byte 0x16) and the bundle
+//! download (plain HTTP). A refused request is answered by closing the connection, nothing more.
+//! At most [`ServeConfig::max_connections`] connections are served at once (the rest wait in
+//! the listen backlog); on shutdown every session is told to end, and connections get
+//! [`ServeConfig::shutdown_grace`] to finish before they are cut.
+mod background;
+mod connections;
+mod first;
+mod link;
+
+use crate::{Coordinator, http};
+use connections::Connections;
+use fleet_proto::pin;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+const TLS_HANDSHAKE: u8 = 0x16;
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The `host:port` machines and the fleet's other coordinators reach this one at.
+    pub advertise: String,
+    pub bundles: PathBuf,
+    /// How often agents send heartbeats.
+    pub heartbeat: Duration,
+    /// How long a node stays `Joined` without a heartbeat.
+    pub lease: Duration,
+    /// The longest session certificate accepted: agents must renew at least this often.
+    pub max_session_validity: Duration,
+    /// A run no node took within this long fails.
+    pub waiting_timeout: Duration,
+    /// Connections served at once; each holds an open file.
+    pub max_connections: usize,
+    /// On shutdown, how long connections get to finish before they are cut.
+    pub shutdown_grace: Duration,
+}
+
+/// Serves until `shutdown` resolves, then drains.
+pub async fn serve(
+    coordinator: Arc<Coordinator>,
+    listener: TcpListener,
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let cert = pin::mint_cert(coordinator.key(), Duration::from_secs(10 * 365 * 86400))
+        .map_err(std::io::Error::other)?;
+    let tls = tokio_rustls::TlsAcceptor::from(
+        pin::server_config(coordinator.key(), cert).map_err(std::io::Error::other)?,
+    );
+    let config = Arc::new(config);
+    coordinator.credentials().open(config.waiting_timeout);
+    coordinator.fleet().serve_at(&config.advertise);
+    let (joined, lease) = (coordinator.clone(), config.lease);
+    tokio::task::spawn_blocking(move || background::join_fleet(&joined, lease))
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let background = background::start(&coordinator, &config);
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut connections = Connections::new(config.max_connections);
+    tracing::info!(
+        max_connections = config.max_connections,
+        "accepting connections"
+    );
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            _ = &mut shutdown => break,
+            permit = connections.permit() => permit,
+        };
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (coordinator, config, tls) = (coordinator.clone(), config.clone(), tls.clone());
+        let stopping = stopping.clone();
+        connections.spawn(permit, async move {
+            let _ = stream.set_nodelay(true);
+            let mut first = [0u8; 1];
+            let peeked = stream.peek(&mut first);
+            match tokio::time::timeout(first::FIRST_MESSAGE_TIMEOUT, peeked).await {
+                Ok(Ok(1)) if first[0] == TLS_HANDSHAKE => {
+                    let handled = first::handle_tls(&coordinator, &config, tls, stream, stopping);
+                    if let Err(reason) = handled.await {
+                        tracing::info!(%peer, "closed a connection without answering: {reason}");
+                    }
+                }
+                Ok(Ok(1)) => http::handle(&coordinator, &config.bundles, stream).await,
+                _ => {}
+            }
+        });
+    }
+    // No new connection from here; sessions end, transfers get the grace to finish.
+    drop(listener);
+    let sessions = coordinator.sessions().count();
+    let _ = stop.send(true);
+    let drained = connections.drain(config.shutdown_grace).await;
+    drop(background);
+    let (sent, received) = coordinator.traffic().totals();
+    tracing::info!(
+        open = drained.open,
+        sessions,
+        ended = drained.ended,
+        cut = drained.cut,
+        grace_ms = config.shutdown_grace.as_millis() as u64,
+        content_sent_bytes = sent,
+        content_received_bytes = received,
+        "stopped serving: {} of {} connections ended within the grace, {} cut",
+        drained.ended,
+        drained.open,
+        drained.cut
+    );
+    Ok(())
+}
