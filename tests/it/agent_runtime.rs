@@ -218,6 +218,33 @@ fn runtime(root: &Path) -> ProcessRuntime {
 }
 
 #[test]
+fn a_program_file_named_like_a_flag_stages_and_a_run_of_it_stops() {
+    let dir = testkit::tempdir();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::copy("/bin/sh", work.join("-x")).unwrap();
+    // The supervisor runs in `work`, so the relative name `-x` is that file.
+    let supervisor = testkit::agent::script(
+        &dir.path().join("supervisor-in-work"),
+        &format!(
+            "cd {} && exec {} \"$@\"",
+            work.display(),
+            testkit::bin("fleet-run-supervisor").display()
+        ),
+    );
+    let rt = ProcessRuntime::new(supervisor, dir.path().join("runs"));
+    let program = rt.stage(Path::new("-x")).unwrap();
+    assert_eq!(program.to_string(), sha256sum(Path::new("/bin/sh")));
+    let run = shell("dash-x", &Workload::Program(program), "sleep 600");
+    assert_eq!(rt.start(&run).unwrap(), Started::New);
+    rt.stop("dash-x").unwrap();
+    let status = rt.status("dash-x").unwrap();
+    assert!(status.state.is_final(), "{}", status.state);
+    let outcome = status.report.outcome.unwrap();
+    assert!(outcome.stopped, "{outcome:?}");
+}
+
+#[test]
 fn the_process_runtime_passes_the_runtime_suite() {
     let dir = testkit::tempdir();
     let rt = runtime(&dir.path().join("runs"));

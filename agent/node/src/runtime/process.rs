@@ -154,8 +154,9 @@ fn reason(out: &Output) -> String {
 
 impl Runtime for ProcessRuntime {
     fn stage(&self, file: &Path) -> Result<Digest, RuntimeError> {
+        let stage = run_store::cli::Command::Stage { file: file.into() };
         let out = self
-            .call_ok(&["stage".into(), file.into()])
+            .call_ok(&stage.to_args())
             .map_err(|f| f.for_task(&format!("staging {}", file.display())))?;
         digest_line(&out, "stage")
     }
@@ -213,7 +214,10 @@ impl Runtime for ProcessRuntime {
     }
 
     fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
-        self.call_ok(&["stop".into(), "--run".into(), run_id.into()])
+        let stop = run_store::cli::Command::Stop {
+            run: run_id.to_string(),
+        };
+        self.call_ok(&stop.to_args())
             .map(drop)
             .map_err(|f| f.for_run(run_id))
     }
