@@ -1,38 +1,33 @@
 //! Heartbeats heard and not written yet: the newest of each node, written for the whole fleet in
 //! one change a second, apart from the group commit's queue.
+use super::guarded::Guarded;
 use crate::store::Beat;
 use fleet_proto::fsutil::now_ms;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Cloned into each session's reader, which notes a heartbeat as it is read.
 #[derive(Clone, Default)]
-pub(crate) struct Beats(Arc<Mutex<HashMap<String, Beat>>>);
+pub(crate) struct Beats(Arc<Guarded<HashMap<String, Beat>>>);
 
 impl Beats {
     /// A heartbeat of `node_id` heard now, extending its lease by `lease_ms`.
     pub(crate) fn note(&self, node_id: &str, lease_ms: u64) {
         let beat = beat_now(node_id, lease_ms);
-        self.lock().insert(beat.node_id.clone(), beat);
+        self.0.lock().insert(beat.node_id.clone(), beat);
     }
 
     /// Every heartbeat noted since the last take.
     pub(crate) fn take(&self) -> Vec<Beat> {
-        std::mem::take(&mut *self.lock()).into_values().collect()
+        std::mem::take(&mut *self.0.lock()).into_values().collect()
     }
 
     /// Puts back heartbeats whose write failed, under any newer one heard meanwhile.
     pub(crate) fn restore(&self, beats: Vec<Beat>) {
-        let mut waiting = self.lock();
+        let mut waiting = self.0.lock();
         for beat in beats {
             waiting.entry(beat.node_id.clone()).or_insert(beat);
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Beat>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -2,14 +2,14 @@
 //! the node takes the run (its start is answered), or until the run can no longer be taken
 //! (nobody took it within the waiting timeout, whichever coordinator swept it). Never stored,
 //! never logged.
+use super::guarded::Guarded;
 use fleet_proto::run::RegistryAuth;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
 pub(crate) struct Credentials {
-    state: Mutex<Held>,
+    state: Guarded<Held>,
 }
 
 #[derive(Default)]
@@ -31,12 +31,12 @@ impl Credentials {
     /// From now on credentials can be held: `serve` runs, and a run waits at most
     /// `waiting_timeout` for its node.
     pub(crate) fn open(&self, waiting_timeout: Duration) {
-        self.lock().waiting_timeout = Some(waiting_timeout);
+        self.state.lock().waiting_timeout = Some(waiting_timeout);
     }
 
     /// Whether a credential could be held now.
     pub(crate) fn can_hold(&self) -> Result<(), CredentialRefusal> {
-        match self.lock().waiting_timeout {
+        match self.state.lock().waiting_timeout {
             Some(_) => Ok(()),
             None => Err(CredentialRefusal::NotServing),
         }
@@ -48,7 +48,7 @@ impl Credentials {
         runs: impl IntoIterator<Item = &'a str>,
         auth: &RegistryAuth,
     ) -> Result<(), CredentialRefusal> {
-        let mut held = self.lock();
+        let mut held = self.state.lock();
         let valid = held.waiting_timeout.ok_or(CredentialRefusal::NotServing)?;
         // A margin past the waiting timeout: the sweep that fails such a run runs once a heartbeat.
         let until = Instant::now() + valid + Duration::from_secs(60);
@@ -60,13 +60,17 @@ impl Credentials {
 
     /// The credential to send in `run`'s start; still held until the start is answered.
     pub(crate) fn for_start(&self, run: &str) -> Option<RegistryAuth> {
-        self.lock().by_run.get(run).map(|(auth, _)| auth.clone())
+        self.state
+            .lock()
+            .by_run
+            .get(run)
+            .map(|(auth, _)| auth.clone())
     }
 
     /// Lets go of `run`'s credential: its node took the run, or it was never recorded. True
     /// when it was held.
     pub(crate) fn release(&self, run: &str) -> bool {
-        self.lock().by_run.remove(run).is_some()
+        self.state.lock().by_run.remove(run).is_some()
     }
 
     /// Lets go of the credentials of runs that can no longer be taken; how many.
@@ -75,16 +79,10 @@ impl Credentials {
     }
 
     fn expire_at(&self, now: Instant) -> usize {
-        let mut held = self.lock();
+        let mut held = self.state.lock();
         let before = held.by_run.len();
         held.by_run.retain(|_, (_, until)| *until > now);
         before - held.by_run.len()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -131,6 +129,9 @@ mod tests {
         assert_eq!(credentials.expire_at(past), 1);
         assert_eq!(credentials.expire_at(past), 0);
         assert!(!credentials.release("never-taken"));
-        assert!(credentials.lock().by_run.is_empty(), "nothing is left held");
+        assert!(
+            credentials.state.lock().by_run.is_empty(),
+            "nothing is left held"
+        );
     }
 }

@@ -1,11 +1,12 @@
 //! This coordinator's place in its fleet: the address it advertises once it serves, and every
 //! coordinator serving the same store now (this one included), as the store last said.
-use std::sync::{Mutex, OnceLock};
+use super::guarded::Guarded;
+use std::sync::OnceLock;
 
 #[derive(Default)]
 pub(crate) struct FleetView {
     address: OnceLock<String>,
-    members: Mutex<Vec<String>>,
+    members: Guarded<Vec<String>>,
 }
 
 impl FleetView {
@@ -20,16 +21,16 @@ impl FleetView {
 
     /// The coordinators the store says serve it now, in the store's order.
     pub(crate) fn heard(&self, members: Vec<String>) {
-        *self.lock() = members;
+        *self.members.lock() = members;
     }
 
     pub(crate) fn members(&self) -> Vec<String> {
-        self.lock().clone()
+        self.members.lock().clone()
     }
 
     /// The members other than `address`.
     pub(crate) fn others_than(&self, address: &str) -> Vec<String> {
-        (self.lock().iter())
+        (self.members.lock().iter())
             .filter(|a| *a != address)
             .cloned()
             .collect()
@@ -38,7 +39,7 @@ impl FleetView {
     /// The other coordinators serving the same store now.
     pub(crate) fn peers(&self) -> Vec<String> {
         let own = self.address();
-        (self.lock().iter())
+        (self.members.lock().iter())
             .filter(|a| Some(a.as_str()) != own)
             .cloned()
             .collect()
@@ -47,15 +48,10 @@ impl FleetView {
     /// Whether this coordinator sweeps the fleet's runs: the first by the store's order of those
     /// serving it now (or the only one).
     pub(crate) fn sweeps(&self) -> bool {
-        self.lock()
-            .first()
-            .is_none_or(|first| Some(first.as_str()) == self.address())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
         self.members
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .first()
+            .is_none_or(|first| Some(first.as_str()) == self.address())
     }
 }
 

@@ -5,6 +5,7 @@
 mod beats;
 mod credentials;
 mod fleet;
+mod guarded;
 mod sessions;
 mod tickets;
 mod traffic;

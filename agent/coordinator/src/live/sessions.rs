@@ -1,8 +1,9 @@
 //! The node sessions this coordinator holds: one handle per node, the newest session's. The rest
 //! of the coordinator reaches a node through it (a call, a wake-up) and never holds it.
+use super::guarded::Guarded;
 use fleet_proto::protocol::{Answer, Command};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 /// A request to a node through its live session, answered with the command's result.
@@ -30,7 +31,7 @@ impl SessionHandle {
 
 #[derive(Default)]
 pub(crate) struct Sessions {
-    by_node: Mutex<HashMap<String, SessionHandle>>,
+    by_node: Guarded<HashMap<String, SessionHandle>>,
 }
 
 /// A session's place in [`Sessions`], given up when dropped, whichever way the session ended,
@@ -43,7 +44,7 @@ pub(crate) struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        let mut by_node = self.sessions.lock();
+        let mut by_node = self.sessions.by_node.lock();
         if (by_node.get(&self.node_id)).is_some_and(|s| s.generation == self.generation) {
             by_node.remove(&self.node_id);
         }
@@ -54,7 +55,7 @@ impl Sessions {
     /// Makes `handle` the way to reach `node_id`, in place of any older session of it.
     pub(crate) fn register(&self, node_id: &str, handle: SessionHandle) -> Registered<'_> {
         let generation = handle.generation;
-        self.lock().insert(node_id.to_string(), handle);
+        self.by_node.lock().insert(node_id.to_string(), handle);
         Registered {
             sessions: self,
             node_id: node_id.to_string(),
@@ -64,7 +65,7 @@ impl Sessions {
 
     /// Wakes the sessions held here of the nodes named; the others are not this coordinator's.
     pub(crate) fn wake<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) {
-        let by_node = self.lock();
+        let by_node = self.by_node.lock();
         for node in nodes {
             if let Some(session) = by_node.get(node) {
                 session.wake.notify_one();
@@ -74,22 +75,16 @@ impl Sessions {
 
     /// The calls channel of the node's session, when this coordinator holds it.
     pub(crate) fn calls(&self, node_id: &str) -> Option<mpsc::Sender<NodeCall>> {
-        self.lock().get(node_id).map(|s| s.calls.clone())
+        self.by_node.lock().get(node_id).map(|s| s.calls.clone())
     }
 
     pub(crate) fn holds(&self, node_id: &str) -> bool {
-        self.lock().contains_key(node_id)
+        self.by_node.lock().contains_key(node_id)
     }
 
     /// How many sessions are held here now.
     pub(crate) fn count(&self) -> usize {
-        self.lock().len()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SessionHandle>> {
-        self.by_node
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.by_node.lock().len()
     }
 }
 

@@ -1,9 +1,9 @@
 //! Artifact tickets: a read of one digest by one node, once, for [`TICKET_VALID`]; minted for a
 //! `replicate` and held in memory only.
+use super::guarded::Guarded;
 use fleet_proto::Digest;
 use rand::RngCore;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a minted ticket stays usable.
@@ -11,7 +11,7 @@ pub(crate) const TICKET_VALID: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 pub(crate) struct Tickets {
-    minted: Mutex<HashMap<String, Ticket>>,
+    minted: Guarded<HashMap<String, Ticket>>,
 }
 
 /// What a ticket lets one node read once, until when.
@@ -47,7 +47,7 @@ impl Tickets {
             digest: digest.clone(),
             until: Instant::now() + valid,
         };
-        let mut all = self.lock();
+        let mut all = self.minted.lock();
         // Tickets nobody used go once expired: memory follows the tickets still usable.
         let now = Instant::now();
         all.retain(|_, t| t.until > now);
@@ -63,7 +63,7 @@ impl Tickets {
         node_id: &str,
         digest: &Digest,
     ) -> Result<(), TicketRefusal> {
-        match self.lock().remove(ticket) {
+        match self.minted.lock().remove(ticket) {
             None => Err(TicketRefusal::Unknown(digest.clone())),
             Some(t) if t.node_id != node_id || t.digest != *digest => {
                 Err(TicketRefusal::Mismatch(digest.clone()))
@@ -71,12 +71,6 @@ impl Tickets {
             Some(t) if Instant::now() >= t.until => Err(TicketRefusal::Expired(digest.clone())),
             Some(_) => Ok(()),
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ticket>> {
-        self.minted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -125,6 +119,6 @@ mod tests {
             tickets.mint_valid_for("n-1", &digest, Duration::ZERO);
         }
         tickets.mint("n-1", &digest);
-        assert_eq!(tickets.lock().len(), 1);
+        assert_eq!(tickets.minted.lock().len(), 1);
     }
 }

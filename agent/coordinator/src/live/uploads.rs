@@ -1,14 +1,15 @@
 //! Collects under way: the upload name each `collect` minted, the node that may send it, and a
 //! lock held while one try is received (a resumed try waits for the cut one to finish).
+use super::guarded::Guarded;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Held while one try of an upload is received.
 pub(crate) type UploadLock = Arc<tokio::sync::Mutex<()>>;
 
 #[derive(Default)]
 pub(crate) struct Uploads {
-    expected: Mutex<HashMap<String, (String, UploadLock)>>,
+    expected: Guarded<HashMap<String, (String, UploadLock)>>,
 }
 
 /// An upload expected from one node, for as long as this lives: dropped, whether the collect
@@ -26,7 +27,7 @@ impl UploadExpected<'_> {
 
 impl Drop for UploadExpected<'_> {
     fn drop(&mut self) {
-        self.uploads.lock().remove(&self.name);
+        self.uploads.expected.lock().remove(&self.name);
     }
 }
 
@@ -39,7 +40,7 @@ pub(crate) enum UploadRefusal {
 impl Uploads {
     /// Expects `name` from `node_id` until the returned guard is dropped.
     pub(crate) fn expect(&self, name: &str, node_id: &str) -> UploadExpected<'_> {
-        (self.lock()).insert(
+        (self.expected.lock()).insert(
             name.to_string(),
             (node_id.to_string(), UploadLock::default()),
         );
@@ -51,16 +52,10 @@ impl Uploads {
 
     /// The lock of `name` when a collect under way expects it from `node_id`.
     pub(crate) fn expected(&self, name: &str, node_id: &str) -> Result<UploadLock, UploadRefusal> {
-        match self.lock().get(name) {
+        match self.expected.lock().get(name) {
             Some((node, lock)) if node == node_id => Ok(lock.clone()),
             _ => Err(UploadRefusal::NotExpected(name.to_string())),
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, UploadLock)>> {
-        self.expected
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
