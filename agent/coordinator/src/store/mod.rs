@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// Behind the `conformance` feature (and in unit tests): panicking checks, never shipped.
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod postgres;
 pub mod redb;
