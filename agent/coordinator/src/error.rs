@@ -19,6 +19,9 @@ pub enum CoordinatorError {
     NoAddress,
     #[error("{0}")]
     Request(String),
+    /// The node refused the command: its class is what a caller acts on, its line what people read.
+    #[error(transparent)]
+    Refused(#[from] fleet_proto::protocol::Refusal),
     #[error(
         "--store takes a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, not `{0}`; leave it out for the embedded store in the data directory"
     )]

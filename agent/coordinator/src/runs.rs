@@ -495,7 +495,7 @@ impl Coordinator {
                     .map_err(CoordinatorError::Request)?
             }
         };
-        answer.map_err(|refusal| CoordinatorError::Request(refusal.message))
+        answer.map_err(CoordinatorError::Refused)
     }
 
     /// Sends `command` to the node over the session this coordinator holds, and returns the
