@@ -17,6 +17,8 @@ const WAIT: Duration = Duration::from_secs(60);
 /// an operator would), each knowing the others.
 struct Fleet {
     pg: Postgres,
+    /// The fleet's database.
+    url: String,
     dir: tempfile::TempDir,
     coords: Vec<Coordinator>,
     agents: Vec<Agent>,
@@ -38,6 +40,7 @@ impl Fleet {
         }
         let fleet = Fleet {
             pg,
+            url,
             dir,
             coords,
             agents: Vec::new(),
@@ -352,4 +355,49 @@ fn postgres_restarted_mid_dispatch_loses_nothing() {
             agent.log_text()
         );
     }
+}
+
+#[test]
+fn a_coordinator_on_the_fleet_store_with_another_key_is_named_when_content_is_copied_from_it() {
+    let mut fleet = Fleet::new(1);
+    fleet.add_agent("m1", 0);
+    // An operator forgot to copy the fleet's key: this one made a key of its own.
+    let stray_data = fleet.path("coord-stray");
+    let stray = Coordinator::start(&stray_data, &["--store", &fleet.url]);
+    let known = wait_until(WAIT, || {
+        let join: Value = serde_json::from_str(&fleet.coords[0].token(&[])).unwrap();
+        join["alternates"].as_array().map_or(0, Vec::len) == 1
+    });
+    assert!(known, "the stray coordinator was never recorded");
+    // The program lands in the stray coordinator's blob store; the node's coordinator must copy it.
+    let (_, program) = fleet.effect_program("");
+    let set = testkit::ok(
+        stray
+            .command()
+            .args(["run", "--node", "m1", "--program"])
+            .arg(&program),
+    );
+    let rows = fleet.wait_final(0, &[set.trim().to_string()]);
+    assert_eq!(rows[0]["state"], "failed", "{}", rows[0]);
+    let line = format!(
+        "the coordinator at {} presented key {}",
+        stray.addr,
+        stray_key(&stray_data)
+    );
+    let log = fleet.coords[0].log_text();
+    assert!(
+        log.lines().any(|l| l.contains(&line)
+            && l.contains("not this fleet's key")
+            && l.contains(
+                "holds another coordinator.key; copy this fleet's key there and restart it"
+            )),
+        "{log}"
+    );
+}
+
+/// The public key of the coordinator whose data folder is `data`, as `nodes` shows keys.
+fn stray_key(data: &Path) -> String {
+    let pem = std::fs::read_to_string(data.join(fleet_coordinator::KEY_FILE)).unwrap();
+    let key = rcgen::KeyPair::from_pem(&pem).unwrap();
+    fleet_proto::pin::key_text(key.public_key_raw())
 }

@@ -4,40 +4,33 @@
 //! pinned TLS, on the same port: a connection whose client certificate carries the fleet's own
 //! key is a peer. A peer may ask for a command to be relayed to a node whose session this
 //! coordinator holds ([`Up::Relay`]), and for a blob by digest ([`Up::Fetch`]).
-use crate::Coordinator;
 use crate::runs::off_thread;
+use crate::{Coordinator, KEY_FILE};
 use fleet_proto::Digest;
 use fleet_proto::content::{self, Streamed};
-use fleet_proto::pin;
+use fleet_proto::dial::DialError;
 use fleet_proto::protocol::{self, Answer, Command, Down, Refusal, RefusalClass, Reply, Up};
 use sha2::Sha256;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A peer's certificate lives for one copy or relay at most.
+const PEER_CERT_VALIDITY: Duration = Duration::from_secs(3600);
 /// The node id a peer names in its fetch: the content is for this coordinator's blob store.
 pub const PEER: &str = "coordinator";
 
 /// A pinned TLS connection to the coordinator at `address`, proving the fleet's key.
 async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, String> {
-    let failed = |e: &dyn std::fmt::Display| format!("cannot reach the coordinator {address}: {e}");
     let key = coordinator.key();
-    let cert = pin::mint_cert(key, Duration::from_secs(3600)).map_err(|e| failed(&e))?;
-    let pinned = key.public_key_raw().to_vec();
-    let config = pin::client_config(key, cert, pinned, Arc::new(Mutex::new(None)))
-        .map_err(|e| failed(&e))?;
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
-        .await
-        .map_err(|_| failed(&"the connection timed out"))?
-        .map_err(|e| failed(&e))?;
-    let _ = tcp.set_nodelay(true);
-    let handshake = tokio_rustls::TlsConnector::from(config).connect(pin::server_name(), tcp);
-    tokio::time::timeout(CONNECT_TIMEOUT, handshake)
-        .await
-        .map_err(|_| failed(&"the handshake timed out"))?
-        .map_err(|e| failed(&e))
+    let dialed = fleet_proto::dial::dial(address, key, key.public_key_raw(), PEER_CERT_VALIDITY);
+    match dialed.await {
+        Ok(dialed) => Ok(dialed.stream),
+        Err(DialError::PinMismatch { seen, pinned, .. }) => Err(format!(
+            "the coordinator at {address} presented key {seen}, not this fleet's key {pinned}: its data folder holds another {KEY_FILE}; copy this fleet's key there and restart it"
+        )),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Has the coordinator at `address` pass `command` to the node whose session it holds, and

@@ -6,6 +6,7 @@
 //! small helpers both binaries share.
 pub mod binary;
 pub mod content;
+pub mod dial;
 pub mod duration;
 pub mod facts;
 pub mod fsutil;
