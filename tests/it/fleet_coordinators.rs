@@ -401,3 +401,36 @@ fn stray_key(data: &Path) -> String {
     let key = rcgen::KeyPair::from_pem(&pem).unwrap();
     fleet_proto::pin::key_text(key.public_key_raw())
 }
+
+#[test]
+fn content_copied_between_coordinators_resumes_from_what_a_cut_copy_left() {
+    let mut fleet = Fleet::new(2);
+    let agent = fleet.add_agent("m1", 0);
+    let holder = fleet.holder(agent);
+    let other = 1 - holder;
+    // A program of 1 MiB, imported through the coordinator without the session.
+    let (effects, program) = fleet.effect_program(&format!("# {}", "x".repeat(1 << 20)));
+    let bytes = std::fs::read(&program).unwrap();
+    let digest = fleet_proto::Digest::of_reader(&bytes[..]).unwrap();
+    // The holder kept the first half of an earlier copy that was cut.
+    let half = bytes.len() / 2;
+    let blobs = fleet_coordinator::blobs(&fleet.coords[holder].data);
+    let partial = blobs.partial(&digest);
+    std::fs::create_dir_all(partial.parent().unwrap()).unwrap();
+    std::fs::write(&partial, &bytes[..half]).unwrap();
+    let set = fleet.run(other, "m1", &program, "resumed");
+    let rows = fleet.wait_final(other, &[set]);
+    assert_eq!(rows[0]["state"], "finished", "{}", rows[0]);
+    assert_each_executed_once(&effects, &["resumed".to_string()]);
+    assert!(blobs.has(&digest), "the copy landed whole at the holder");
+    let sent = format!(
+        "node_id=coordinator digest={digest} offset={half} bytes={}",
+        bytes.len() - half
+    );
+    let log = fleet.coords[other].log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("content sent") && l.contains(&sent)),
+        "the copy did not resume from {half}:\n{log}"
+    );
+}

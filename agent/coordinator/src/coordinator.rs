@@ -3,7 +3,7 @@
 //! for each part, and each part alone changes its state.
 use crate::commit::Committer;
 use crate::error::CoordinatorError;
-use crate::live::{Beats, Credentials, FleetView, Sessions, Tickets, Traffic, Uploads};
+use crate::live::{Beats, Credentials, FleetView, Pulls, Sessions, Tickets, Traffic, Uploads};
 use crate::store::{
     self, Backend, KEEP_FINAL_RUNS, PostgresBackend, RedbBackend, Store, StoreError, StoreResult,
 };
@@ -68,6 +68,7 @@ pub struct Coordinator {
     uploads: Uploads,
     fleet: FleetView,
     traffic: Traffic,
+    pulls: Pulls,
 }
 
 impl Coordinator {
@@ -114,6 +115,7 @@ impl Coordinator {
             uploads: Uploads::default(),
             fleet: FleetView::default(),
             traffic: Traffic::default(),
+            pulls: Pulls::default(),
         })
     }
 
@@ -180,6 +182,10 @@ impl Coordinator {
 
     pub(crate) fn traffic(&self) -> &Traffic {
         &self.traffic
+    }
+
+    pub(crate) fn pulls(&self) -> &Pulls {
+        &self.pulls
     }
 }
 

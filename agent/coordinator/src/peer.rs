@@ -7,10 +7,9 @@
 use crate::runs::off_thread;
 use crate::{Coordinator, KEY_FILE};
 use fleet_proto::Digest;
-use fleet_proto::content::{self, Streamed};
+use fleet_proto::content::{self, ContentError};
 use fleet_proto::dial::DialError;
 use fleet_proto::protocol::{self, Answer, Command, Down, Refusal, RefusalClass, Reply, Up};
-use sha2::Sha256;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -62,64 +61,35 @@ pub(crate) async fn relay(
 }
 
 /// Copies the blob `digest` from the coordinator at `address` into this coordinator's blob
-/// store, checked against its digest before it lands.
+/// store, through the one landing every content transfer uses: hashed as it arrives, checked
+/// before it lands, and resumed from what a cut copy left.
 pub(crate) async fn pull(
     coordinator: &Coordinator,
     address: &str,
     digest: &Digest,
 ) -> Result<(), String> {
-    let mut stream = dial(coordinator, address).await?;
-    let fetch = Up::Fetch {
-        node_id: PEER.into(),
-        digest: digest.clone(),
-        offset: 0,
-        ticket: None,
-    };
-    protocol::write_msg(&mut stream, &fetch)
-        .await
-        .map_err(|e| e.to_string())?;
-    let size = match protocol::read_msg::<_, Down>(&mut stream).await {
-        Ok(Some(Down::Content { size })) => size,
-        Ok(Some(Down::ContentRefused { message })) => return Err(message),
-        other => return Err(format!("{address} answered a fetch with {other:?}")),
-    };
-    let blobs = coordinator.blobs().clone();
-    let temp = off_thread(move || blobs.temp())
-        .await
-        .map_err(|e| e.to_string())?;
-    let landed = async {
-        let mut file = tokio::fs::File::create(&temp)
+    let landed = content::land(coordinator.blobs(), digest, |offset| async move {
+        let failed = |reason: String| ContentError::Failed {
+            content: digest.to_string(),
+            reason,
+        };
+        let mut stream = dial(coordinator, address).await.map_err(failed)?;
+        let fetch = Up::Fetch {
+            node_id: PEER.into(),
+            digest: digest.clone(),
+            offset,
+            ticket: None,
+        };
+        protocol::write_msg(&mut stream, &fetch)
             .await
-            .map_err(|e| e.to_string())?;
-        let mut hasher = Sha256::default();
-        match content::stream_exact(&mut stream, &mut file, size, Some(&mut hasher)).await {
-            Streamed::Done => {}
-            Streamed::Cut { got, cause } => {
-                return Err(format!(
-                    "{digest} from {address} stopped after {got} of {size} bytes: {cause}"
-                ));
-            }
-            Streamed::Write { cause, .. } => return Err(cause.to_string()),
+            .map_err(|e| failed(format!("asking {address} for it failed: {e}")))?;
+        match protocol::read_msg::<_, Down>(&mut stream).await {
+            Ok(Some(Down::Content { size })) => Ok((stream, size, offset)),
+            Ok(Some(Down::ContentRefused { message })) => Err(failed(message)),
+            other => Err(failed(format!("{address} answered a fetch with {other:?}"))),
         }
-        let got = Digest::from_hasher(hasher);
-        if got != *digest {
-            let mismatch = content::ContentError::Mismatch {
-                digest: digest.clone(),
-                got,
-            };
-            return Err(mismatch.to_string());
-        }
-        let (blobs, temp, digest) = (coordinator.blobs().clone(), temp.clone(), digest.clone());
-        off_thread(move || blobs.commit(&temp, &digest))
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
-    }
-    .await;
-    if landed.is_err() {
-        let _ = tokio::fs::remove_file(&temp).await;
-    }
-    landed
+    });
+    landed.await.map(drop).map_err(|e| e.to_string())
 }
 
 impl Coordinator {
@@ -154,6 +124,11 @@ impl Coordinator {
     /// fleet when it does not (content imported through one coordinator, asked for through
     /// another). Err says why it is still missing.
     pub(crate) async fn ensure_blob(&self, digest: &Digest) -> Result<(), String> {
+        if self.blobs().has(digest) {
+            return Ok(());
+        }
+        let _one_copy = self.pulls().one_at_a_time(digest).await;
+        // Another copy may have landed it while this one waited.
         if self.blobs().has(digest) {
             return Ok(());
         }

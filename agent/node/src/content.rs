@@ -5,13 +5,13 @@
 use crate::dial;
 use crate::identity::Identity;
 use fleet_proto::Digest;
-use fleet_proto::content::{self, Blobs, ContentError, Streamed};
+use fleet_proto::content::{self, Blobs, ContentError, Streamed, land};
 use fleet_proto::protocol::{self, Down, Up};
 use sha2::Sha256;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncSeekExt};
+use tokio::io::AsyncSeekExt;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -224,108 +224,6 @@ pub async fn retrying<T, F: Future<Output = Result<T, ContentError>>>(
                 tries += 1;
             }
             done => return done,
-        }
-    }
-}
-
-/// Lands `digest` in `blobs`: what a source sends after the part already held (in the partial
-/// file) is hashed as it is written; only the whole, matching content is renamed into place.
-/// `open(offset)` gives the stream, the content's whole size, and the offset the stream really
-/// starts at (0 from a source that cannot resume: the partial file starts over).
-pub async fn land<S, F, Fut>(
-    blobs: &Blobs,
-    digest: &Digest,
-    open: F,
-) -> Result<PathBuf, ContentError>
-where
-    S: AsyncRead + Unpin,
-    F: FnOnce(u64) -> Fut,
-    Fut: Future<Output = Result<(S, u64, u64), ContentError>>,
-{
-    let whole = blobs.path(digest);
-    if whole.is_file() {
-        return Ok(whole);
-    }
-    let partial = blobs.partial(digest);
-    let disk = |cause: std::io::Error| disk_error(blobs, digest, &partial, cause);
-    std::fs::create_dir_all(partial.parent().expect("a folder")).map_err(disk)?;
-    let (mut hasher, held) = match content::hash_prefix(&partial) {
-        Ok(prefix) => prefix,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Sha256::default(), 0),
-        Err(e) => return Err(disk(e)),
-    };
-    let (mut stream, size, offset) = open(held).await?;
-    if offset != held {
-        let _ = std::fs::remove_file(&partial);
-        hasher = Sha256::default();
-    }
-    if offset > size {
-        return Err(ContentError::Cut {
-            content: digest.to_string(),
-            got: 0,
-            size,
-            cause: format!(
-                "the partial copy was longer ({offset} bytes) than the content; removed it"
-            ),
-        });
-    }
-    let mut file = tokio::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(&partial)
-        .await
-        .map_err(disk)?;
-    match content::stream_exact(&mut stream, &mut file, size - offset, Some(&mut hasher)).await {
-        Streamed::Done => {}
-        Streamed::Cut { got, cause } => {
-            let _ = file.sync_data().await;
-            return Err(ContentError::Cut {
-                content: digest.to_string(),
-                got: offset + got,
-                size,
-                cause,
-            });
-        }
-        Streamed::Write { cause, .. } => {
-            drop(file);
-            let _ = std::fs::remove_file(&partial);
-            return Err(disk(cause));
-        }
-    }
-    drop(file);
-    let got = Digest::from_hasher(hasher);
-    if got != *digest {
-        let _ = std::fs::remove_file(&partial);
-        return Err(ContentError::Mismatch {
-            digest: digest.clone(),
-            got,
-        });
-    }
-    blobs.commit(&partial, digest).map_err(|e| {
-        let _ = std::fs::remove_file(&partial);
-        disk(e)
-    })?;
-    tracing::info!(%digest, size, resumed_from = offset, "content fetched and checked");
-    Ok(whole)
-}
-
-fn disk_error(
-    blobs: &Blobs,
-    digest: &Digest,
-    partial: &Path,
-    cause: std::io::Error,
-) -> ContentError {
-    if content::is_no_space(&cause) {
-        let _ = std::fs::remove_file(partial);
-        ContentError::NoSpace {
-            digest: digest.clone(),
-            dir: blobs.root().to_path_buf(),
-            cause,
-        }
-    } else {
-        ContentError::Failed {
-            content: digest.to_string(),
-            reason: format!("cannot write under {} ({cause})", blobs.root().display()),
         }
     }
 }

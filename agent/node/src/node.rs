@@ -442,7 +442,7 @@ impl Node {
             MintedRead::Url { url, expires_in_ms } => {
                 let deadline = taken_up + Duration::from_millis(*expires_in_ms);
                 runtime.block_on(crate::content::retrying(digest, || {
-                    crate::content::land(root, digest, |offset| {
+                    fleet_proto::content::land(root, digest, |offset| {
                         crate::url_read::open(url, digest, offset, deadline)
                     })
                 }))

@@ -4,6 +4,7 @@
 use run_store::Digest;
 use sha2::{Digest as _, Sha256};
 use std::fs::{self, File, OpenOptions};
+use std::future::Future;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -332,6 +333,131 @@ where
         Ok(()) => Streamed::Done,
         Err(cause) => Streamed::Write { got, cause },
     }
+}
+
+/// Lands `digest` in `blobs`: what a source sends after the part already held (in the partial
+/// file) is hashed as it is written; only the whole, matching content is renamed into place.
+/// `open(offset)` gives the stream, the content's whole size, and the offset the stream really
+/// starts at (0 from a source that cannot resume: the partial file starts over).
+pub async fn land<S, F, Fut>(
+    blobs: &Blobs,
+    digest: &Digest,
+    open: F,
+) -> Result<PathBuf, ContentError>
+where
+    S: AsyncRead + Unpin,
+    F: FnOnce(u64) -> Fut,
+    Fut: Future<Output = Result<(S, u64, u64), ContentError>>,
+{
+    let whole = blobs.path(digest);
+    if whole.is_file() {
+        return Ok(whole);
+    }
+    let partial = blobs.partial(digest);
+    let disk = |cause: std::io::Error| disk_error(blobs, digest, &partial, cause);
+    // Hashing what an earlier try left reads a whole file: on the blocking pool, as every other
+    // file step here, so a caller's async thread never waits for a disk.
+    let (mut hasher, held) = blocking({
+        let partial = partial.clone();
+        move || {
+            std::fs::create_dir_all(partial.parent().expect("a folder"))?;
+            match hash_prefix(&partial) {
+                Ok(prefix) => Ok(prefix),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Sha256::default(), 0)),
+                Err(e) => Err(e),
+            }
+        }
+    })
+    .await
+    .map_err(disk)?;
+    let (mut stream, size, offset) = open(held).await?;
+    if offset != held {
+        let _ = tokio::fs::remove_file(&partial).await;
+        hasher = Sha256::default();
+    }
+    if offset > size {
+        return Err(ContentError::Cut {
+            content: digest.to_string(),
+            got: 0,
+            size,
+            cause: format!(
+                "the partial copy was longer ({offset} bytes) than the content; removed it"
+            ),
+        });
+    }
+    let mut file = tokio::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&partial)
+        .await
+        .map_err(disk)?;
+    match stream_exact(&mut stream, &mut file, size - offset, Some(&mut hasher)).await {
+        Streamed::Done => {}
+        Streamed::Cut { got, cause } => {
+            let _ = file.sync_data().await;
+            return Err(ContentError::Cut {
+                content: digest.to_string(),
+                got: offset + got,
+                size,
+                cause,
+            });
+        }
+        Streamed::Write { cause, .. } => {
+            drop(file);
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(disk(cause));
+        }
+    }
+    drop(file);
+    let got = Digest::from_hasher(hasher);
+    if got != *digest {
+        let _ = tokio::fs::remove_file(&partial).await;
+        return Err(ContentError::Mismatch {
+            digest: digest.clone(),
+            got,
+        });
+    }
+    let committed = blocking({
+        let (blobs, partial, digest) = (blobs.clone(), partial.clone(), digest.clone());
+        move || blobs.commit(&partial, &digest)
+    })
+    .await;
+    if let Err(e) = committed {
+        let _ = tokio::fs::remove_file(&partial).await;
+        return Err(disk(e));
+    }
+    tracing::info!(%digest, size, resumed_from = offset, "content fetched and checked");
+    Ok(whole)
+}
+
+fn disk_error(
+    blobs: &Blobs,
+    digest: &Digest,
+    partial: &Path,
+    cause: std::io::Error,
+) -> ContentError {
+    if is_no_space(&cause) {
+        let _ = std::fs::remove_file(partial);
+        ContentError::NoSpace {
+            digest: digest.clone(),
+            dir: blobs.root().to_path_buf(),
+            cause,
+        }
+    } else {
+        ContentError::Failed {
+            content: digest.to_string(),
+            reason: format!("cannot write under {} ({cause})", blobs.root().display()),
+        }
+    }
+}
+
+/// File work from async code, on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(format!("file work did not complete: {e}"))))
 }
 
 /// Whether an I/O error says the disk is full.

@@ -52,11 +52,14 @@ pub(super) async fn handle_tls(
             relay(coordinator, stream, &node_id, command).await
         }
         Up::Fetch {
-            node_id, digest, ..
+            node_id,
+            digest,
+            offset,
+            ..
         } if peer => {
             let mut stream = stream;
             coordinator
-                .send_content(&mut stream, &node_id, &digest, 0)
+                .send_content(&mut stream, &node_id, &digest, offset)
                 .await
         }
         Up::Fetch {
