@@ -693,6 +693,22 @@ fn bad_state_each_gets_one_clear_line_and_never_a_new_identity() {
     assert!(!key.exists(), "no new key was made");
     std::fs::write(&key, &good_key).unwrap();
     let membership = m.state().join("membership.json");
+    // A pinned key that no longer reads is refused, never taken as an empty pin.
+    let good: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&membership).unwrap()).unwrap();
+    let mut bad_pin = good.clone();
+    bad_pin["coordinator_key"] = "ed25519:AAAA".into();
+    std::fs::write(&membership, bad_pin.to_string()).unwrap();
+    let last = m.fails_with(&[]);
+    assert!(
+        last.starts_with(&format!(
+            "fleet-agent: the membership record {} is corrupt (`ed25519:AAAA` is not ed25519:<base64 of 32 bytes>",
+            membership.display()
+        )) && last.ends_with(&format!(
+            "): restore it, or remove {state} to join again as a new node"
+        )),
+        "{last}"
+    );
     std::fs::write(&membership, "{\"node_id\": 3").unwrap();
     assert_eq!(
         m.fails_with(&[]),

@@ -66,7 +66,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
                 node_id,
                 address: file.address.clone(),
                 alternates: file.alternates.clone(),
-                coordinator_key: file.coordinator_key.clone(),
+                coordinator_key: file.pin(),
                 name: file.name.clone(),
                 joined_at_ms: now_ms(),
             };
@@ -99,7 +99,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         address: coordinators.clone(),
         node_id: membership.node_id.clone(),
         identity: identity.clone(),
-        pinned: fleet_proto::pin::parse_key_text(&membership.coordinator_key).unwrap_or_default(),
+        pinned: membership.coordinator_key.as_bytes().to_vec(),
         validity: config.session.validity,
         blobs: crate::node::content_blobs(&config.state),
     };

@@ -50,8 +50,8 @@ pub struct Membership {
     /// The fleet's other coordinators, as the join file and the newest session named them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alternates: Vec<String>,
-    /// The coordinator's pinned key, `ed25519:<base64>`.
-    pub coordinator_key: String,
+    /// The coordinator's pinned key, `ed25519:<base64>`; a corrupt one fails the record's read.
+    pub coordinator_key: fleet_proto::pin::PinnedKey,
     #[serde(default)]
     pub name: Option<String>,
     pub joined_at_ms: u64,

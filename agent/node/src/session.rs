@@ -7,7 +7,6 @@ use crate::dial::{self, Coordinators, DialError};
 use crate::facts::FactsSource;
 use crate::identity::{Identity, Membership};
 use crate::node::Node;
-use fleet_proto::pin;
 use fleet_proto::protocol::{
     self, Answer, Command, Down, FrameError, Refusal, RefusalClass, Reply, Up,
 };
@@ -112,7 +111,7 @@ pub async fn run(
     node: &Arc<Node>,
     settings: &SessionSettings,
 ) -> Result<std::convert::Infallible, DialError> {
-    let pinned = pin::parse_key_text(&membership.coordinator_key).unwrap_or_default();
+    let pinned = membership.coordinator_key.as_bytes().to_vec();
     let mut backoff = Backoff::new(settings.retry_base);
     loop {
         let session = Session {

@@ -135,7 +135,12 @@ impl JoinFile {
     }
 
     pub fn pinned_key(&self) -> Vec<u8> {
-        pin::parse_key_text(&self.coordinator_key).expect("checked when read")
+        self.pin().as_bytes().to_vec()
+    }
+
+    /// The coordinator's key to pin, checked when [`JoinFile::read`] read the file.
+    pub fn pin(&self) -> pin::PinnedKey {
+        pin::PinnedKey::parse(&self.coordinator_key).expect("checked when read")
     }
 }
 

@@ -32,6 +32,50 @@ pub fn parse_key_text(text: &str) -> Option<Vec<u8>> {
     (raw.len() == 32).then_some(raw)
 }
 
+/// A pinned Ed25519 public key: read from `ed25519:<base64 of 32 bytes>` or refused, so a
+/// corrupt key can never quietly become an empty pin.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PinnedKey([u8; 32]);
+
+impl PinnedKey {
+    pub fn parse(text: &str) -> Result<PinnedKey, String> {
+        let raw = parse_key_text(text)
+            .ok_or_else(|| format!("`{text}` is not ed25519:<base64 of 32 bytes>"))?;
+        Ok(PinnedKey(
+            raw.try_into().expect("parse_key_text returns 32 bytes"),
+        ))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for PinnedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&key_text(&self.0))
+    }
+}
+
+impl std::fmt::Debug for PinnedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PinnedKey({self})")
+    }
+}
+
+impl serde::Serialize for PinnedKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PinnedKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        PinnedKey::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 /// What a peer's certificate says: its key and its validity window (Unix seconds).
 #[derive(Debug, Clone)]
 pub struct CertInfo {
@@ -212,6 +256,22 @@ impl ClientCertVerifier for AnyEd25519Client {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_pinned_key_reads_back_as_written_and_a_corrupt_one_is_refused() {
+        let raw = [7u8; 32];
+        let key = PinnedKey::parse(&key_text(&raw)).unwrap();
+        assert_eq!(key.as_bytes(), raw);
+        let json = serde_json::to_string(&key).unwrap();
+        assert_eq!(json, format!("\"{}\"", key_text(&raw)));
+        assert_eq!(serde_json::from_str::<PinnedKey>(&json).unwrap(), key);
+        let err = serde_json::from_str::<PinnedKey>("\"ed25519:AAAA\"").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("`ed25519:AAAA` is not ed25519:<base64 of 32 bytes>"),
+            "{err}"
+        );
+    }
+
     use super::*;
 
     #[test]
