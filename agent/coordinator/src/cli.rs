@@ -102,7 +102,9 @@ pub struct RunArgs {
     /// Runs per node in this set
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
-    /// For protocol-skew testing: sends this command object (JSON) as-is in place of the start
+    /// For protocol-skew testing: sends this command object (JSON) as-is in place of the start.
+    /// A test build's only (debug assertions): a release refuses the flag.
+    #[cfg(debug_assertions)]
     #[arg(long, hide = true, value_parser = parse_json_object)]
     pub raw_command: Option<serde_json::Value>,
     /// The program's arguments, passed on byte for byte
@@ -223,6 +225,7 @@ pub struct NodesArgs {
     pub json: bool,
 }
 
+#[cfg(debug_assertions)]
 fn parse_json_object(text: &str) -> Result<serde_json::Value, String> {
     match serde_json::from_str(text) {
         Ok(value @ serde_json::Value::Object(_)) => Ok(value),

@@ -179,6 +179,7 @@ fn run_request(r: &RunArgs, blobs: &fleet_proto::content::Blobs) -> Result<RunRe
             resources: Default::default(),
         },
         repeat: r.repeat,
+        #[cfg(debug_assertions)]
         raw_command: r.raw_command.clone(),
     })
 }

@@ -39,14 +39,25 @@ pub struct RunRequest {
     /// Runs per selected node (default 1).
     #[serde(default = "one")]
     pub repeat: u32,
-    /// For protocol-skew testing: each row's node gets this command object as-is, in place of
-    /// the start (under the start's op id, so the node's answer settles the row).
+    /// For protocol-skew testing, in test builds only: each row's node gets this command object
+    /// as-is, in place of the start (under the start's op id, so the node's answer settles it).
+    #[cfg(debug_assertions)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_command: Option<serde_json::Value>,
 }
 
 fn one() -> u32 {
     1
+}
+
+impl RunRequest {
+    /// The command to send in place of each start: only a test build has one.
+    fn raw_command(&self) -> Option<serde_json::Value> {
+        #[cfg(debug_assertions)]
+        return self.raw_command.clone();
+        #[cfg(not(debug_assertions))]
+        return None;
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -247,7 +258,7 @@ impl Coordinator {
                 report: None,
                 error: None,
                 events: Vec::new(),
-                raw_command: request.raw_command.clone(),
+                raw_command: request.raw_command(),
             })
             .collect();
         let what = match &workload {
