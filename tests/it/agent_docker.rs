@@ -18,7 +18,7 @@ fn the_docker_runtime_passes_the_runtime_suite() {
     let image = containers.image(&registry, "suite/sh", None);
     let subject = suite::Subject {
         runtime: &rt,
-        shell: Workload::Image(image),
+        shell: Workload::Image(image_ref(&image)),
         name: "docker",
         argv_bytes: false,
     };
@@ -79,7 +79,7 @@ fn a_pull_by_digest_with_a_credential_then_a_second_run_pulls_nothing() {
     assert_ne!(b64.encode(&header), b64url.encode(&header));
     // An image of this test's own: the engine has never seen its digest.
     let image = containers.image(&registry, "team/sh", Some(&format!("ci:{PASSWORD}")));
-    let workload = Workload::Image(image.clone());
+    let workload = Workload::Image(image_ref(&image));
 
     let err = rt
         .start(&shell("pull-anon", &workload, "true"))
@@ -128,7 +128,7 @@ fn exit_codes_an_abort_a_kill_and_an_oom_kill_under_a_memory_limit() {
     let rt = containers.runtime();
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "exits/sh", None));
+    let workload = Workload::Image(image_ref(&containers.image(&registry, "exits/sh", None)));
     let cases = [
         ("exit-0", "exit 0", 0, false),
         ("exit-1", "exit 1", 1, false),
@@ -166,7 +166,7 @@ fn inputs_are_in_run_argv_is_exact_and_limits_reach_the_engine() {
     let rt = containers.runtime();
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "inputs/sh", None));
+    let workload = Workload::Image(image_ref(&containers.image(&registry, "inputs/sh", None)));
     let dir = testkit::tempdir();
     let data = dir.path().join("data.txt");
     std::fs::write(&data, "input bytes\n").unwrap();
@@ -228,7 +228,11 @@ fn large_input_in_flat_memory(name: &str, engine: Option<SlowEngine>) {
     };
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, &format!("{name}/sh"), None));
+    let workload = Workload::Image(image_ref(&containers.image(
+        &registry,
+        &format!("{name}/sh"),
+        None,
+    )));
     let dir = testkit::tempdir();
     let big = dir.path().join("big.bin");
     const SIZE: u64 = 256 << 20;
@@ -260,7 +264,7 @@ fn a_duplicate_launch_is_refused_by_the_name() {
     let rt = containers.runtime();
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "dup/sh", None));
+    let workload = Workload::Image(image_ref(&containers.image(&registry, "dup/sh", None)));
     let spec = shell("dup-1", &workload, "sleep 2");
     assert_eq!(rt.start(&spec).unwrap(), Started::New);
     // Another runtime with no memory of the first (a restarted agent): the engine's name is
@@ -291,7 +295,7 @@ fn a_stalled_pull_is_abandoned_with_a_clear_line() {
         silent.local_addr().unwrap(),
         "5".repeat(64)
     );
-    let spec = shell("stall-1", &Workload::Image(image.clone()), "true");
+    let spec = shell("stall-1", &Workload::Image(image_ref(&image)), "true");
     let begun = std::time::Instant::now();
     // On a thread of its own, so a pull that is never abandoned fails the test, not hangs it.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -592,7 +596,7 @@ fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep
     });
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "tidy/sh", None));
+    let workload = Workload::Image(image_ref(&containers.image(&registry, "tidy/sh", None)));
     let state = testkit::tempdir();
     let store = fleet_agent::state::Store::open(state.path()).unwrap();
     for n in 0..3 {
@@ -649,7 +653,7 @@ fn a_remote_engine_over_mutual_tls_runs_and_each_tls_failure_is_one_line() {
     let rt = containers.runtime_at(&address(&pki.client_cert, &pki.client_key, &pki.ca_cert));
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "tls/sh", None));
+    let workload = Workload::Image(image_ref(&containers.image(&registry, "tls/sh", None)));
     rt.start(&shell("tls-1", &workload, "echo over tls > out"))
         .unwrap();
     let done = wait_for(&rt, "tls-1", RunState::Finished);
@@ -725,7 +729,7 @@ fn an_image_this_agent_pulled_goes_once_no_run_needs_it_after_its_delay() {
     engine_version(&rt);
     let registry = Registry::plain();
     let image = containers.image(&registry, "images/sh", None);
-    let workload = Workload::Image(image.clone());
+    let workload = Workload::Image(image_ref(&image));
     let present = || {
         std::process::Command::new("docker")
             .args(["image", "inspect", &image])
@@ -766,7 +770,7 @@ fn a_timeout_stops_with_the_grace_then_kills_and_observing_never_waits_for_it() 
     let rt = containers.runtime();
     engine_version(&rt);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "grace/sh", None));
+    let workload = Workload::Image(image_ref(&containers.image(&registry, "grace/sh", None)));
     // Ignores the polite signal: only the kill after the grace ends it.
     let mut spec = shell("grace-1", &workload, "trap '' TERM; sleep 30");
     spec.timeout = Some(Duration::from_millis(500));
@@ -825,7 +829,7 @@ fn an_engine_whose_oldest_api_is_1_44_is_spoken_to_at_its_version() {
     assert_eq!(engine_version(&rt), "29.0.0 (API 1.44)");
     assert_eq!(rt.api_version(), STAND_IN_API);
     let registry = Registry::plain();
-    let workload = Workload::Image(containers.image(&registry, "api/sh", None));
+    let workload = Workload::Image(image_ref(&containers.image(&registry, "api/sh", None)));
     rt.start(&shell("api-1", &workload, "echo spoken at 1.44 > out"))
         .unwrap();
     let done = wait_for(&rt, "api-1", RunState::Finished);
@@ -844,4 +848,9 @@ fn an_engine_whose_oldest_api_is_1_44_is_spoken_to_at_its_version() {
         .filter(|r| !r.split(' ').nth(1).unwrap().starts_with("/v1.44/"))
         .collect();
     assert!(other.is_empty(), "{other:?}");
+}
+
+/// An image name the tests made, as the typed reference a workload holds.
+fn image_ref(name: &str) -> fleet_proto::run::ImageRef {
+    fleet_proto::run::ImageRef::parse(name).unwrap()
 }

@@ -268,7 +268,8 @@ fn the_process_runtime_passes_the_runtime_suite() {
         "run suite-limits: a CPU, memory or GPU request is not supported by the process runtime; the supervisor enforces only the timeout and output limit; run it as an image"
     );
     // An image is a container runtime's workload.
-    let image = Workload::Image(format!("127.0.0.1:5000/app@sha256:{}", "a".repeat(64)));
+    let image = format!("127.0.0.1:5000/app@sha256:{}", "a".repeat(64));
+    let image = Workload::Image(fleet_proto::run::ImageRef::parse(&image).unwrap());
     let err = rt.start(&shell("img", &image, "true")).unwrap_err();
     assert_eq!(
         err.to_string(),

@@ -185,7 +185,7 @@ impl Coordinator {
             (Some(digest), None) => (Workload::Program(digest.clone()), Some(digest)),
             (None, Some(image)) => {
                 let image = ImageRef::parse(image).map_err(bad)?;
-                (Workload::Image(image.to_string()), None)
+                (Workload::Image(image), None)
             }
             _ => {
                 return Err(bad(
@@ -263,7 +263,7 @@ impl Coordinator {
             .collect();
         let what = match &workload {
             Workload::Program(digest) => digest.to_string(),
-            Workload::Image(image) => image.clone(),
+            Workload::Image(image) => image.to_string(),
         };
         if let Some(auth) = &request.registry_auth {
             (self.credentials())

@@ -62,8 +62,9 @@ impl std::fmt::Display for RunState {
 #[serde(rename_all = "snake_case")]
 pub enum Workload {
     Program(Digest),
-    /// `HOST/REPO@sha256:HEX`: an image is named by its manifest digest, never by a tag.
-    Image(String),
+    /// `HOST/REPO@sha256:HEX` on the wire: an image is named by its manifest digest, never by a
+    /// tag; one that does not read so is refused where it is read.
+    Image(ImageRef),
 }
 
 impl std::fmt::Display for Workload {
@@ -142,6 +143,19 @@ impl ImageRef {
 impl std::fmt::Display for ImageRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}@{}", self.host, self.repository, self.digest)
+    }
+}
+
+impl Serialize for ImageRef {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ImageRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        ImageRef::parse(&text).map_err(serde::de::Error::custom)
     }
 }
 
@@ -301,6 +315,21 @@ mod tests {
         assert!(
             err.to_string().contains("unknown variant `paused`"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn an_image_workload_travels_as_its_name_and_a_tag_is_refused_on_reading() {
+        let name = format!("127.0.0.1:5000/tools/sh@sha256:{}", "ab".repeat(32));
+        let workload = Workload::Image(ImageRef::parse(&name).unwrap());
+        let wire = serde_json::to_value(&workload).unwrap();
+        assert_eq!(wire, serde_json::json!({ "image": name }));
+        assert_eq!(serde_json::from_value::<Workload>(wire).unwrap(), workload);
+        let tagged = serde_json::json!({ "image": "127.0.0.1:5000/tools/sh:latest" });
+        let err = serde_json::from_value::<Workload>(tagged).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "image 127.0.0.1:5000/tools/sh:latest is named by a tag, which can move; name it as HOST/REPO@sha256:HEX"
         );
     }
 

@@ -816,12 +816,7 @@ impl Runtime for DockerRuntime {
             hint,
         };
         let image = match &spec.workload {
-            Workload::Image(image) => {
-                ImageRef::parse(image).map_err(|reason| RuntimeError::Refused {
-                    run_id: run_id.clone(),
-                    reason,
-                })?
-            }
+            Workload::Image(image) => image.clone(),
             Workload::Program(_) => {
                 return Err(unsupported(
                     "a staged program".into(),
