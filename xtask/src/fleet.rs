@@ -104,15 +104,15 @@ impl Coordinator {
 
     /// One request on the serving coordinator's operator socket (`DATA/operator.sock`, a JSON
     /// line each way), as the `fleet-coordinator` CLI asks it, without starting a process;
-    /// returns what it answered `ok`.
-    pub fn ask(&self, request: &serde_json::Value) -> Result<serde_json::Value> {
+    /// returns the answer of the kind `kind` (`{"ok": {KIND: ANSWER}}`).
+    pub fn ask(&self, request: &serde_json::Value, kind: &str) -> Result<serde_json::Value> {
         use std::io::Write;
         let stream = std::os::unix::net::UnixStream::connect(self.data.join("operator.sock"))?;
         writeln!(&stream, "{request}")?;
         let mut line = String::new();
         BufReader::new(&stream).read_line(&mut line)?;
         let mut answer: serde_json::Value = serde_json::from_str(&line)?;
-        match answer.get_mut("ok") {
+        match answer.get_mut("ok").and_then(|ok| ok.get_mut(kind)) {
             Some(ok) => Ok(ok.take()),
             None => bail!("the coordinator answered {request} with {}", line.trim()),
         }

@@ -4,7 +4,7 @@ mod cli;
 use anyhow::{Context, Result};
 use clap::Parser;
 use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
-use fleet_coordinator::runs::{Collected, RunRequest, RunView, SetView};
+use fleet_coordinator::runs::{RunRequest, RunView};
 use fleet_coordinator::{self as coordinator, Coordinator, NodeView, StoreLocation, TokenRequest};
 use fleet_coordinator::{operator, serve, userdata};
 use fleet_proto::binary;
@@ -40,7 +40,7 @@ fn run_coordinator(args: Cli) -> Result<()> {
     let data = &place.data;
     match args.command {
         Command::Token(t) if t.count == 1 => {
-            let join = operate(&place, operator::Request::Token(token_request(&t.token)))?;
+            let join = mint(&place, token_request(&t.token))?;
             println!("{}", serde_json::to_string_pretty(&join)?);
         }
         Command::Token(t) => {
@@ -48,7 +48,9 @@ fn run_coordinator(args: Cli) -> Result<()> {
                 request: token_request(&t.token),
                 count: t.count as usize,
             };
-            let joins: Vec<serde_json::Value> = serde_json::from_value(operate(&place, request)?)?;
+            let operator::Answer::Tokens(joins) = operate(&place, request)? else {
+                return Err(mismatch("token --count"));
+            };
             let mut out = std::io::stdout().lock();
             for join in joins {
                 writeln!(out, "{}", serde_json::to_string(&join)?)?;
@@ -65,16 +67,22 @@ fn run_coordinator(args: Cli) -> Result<()> {
             })?;
             let mut request = token_request(&u.token);
             request.bundle_sha256 = Some(sum);
-            let join = operate(&place, operator::Request::Token(request))?;
-            let join: JoinFile = serde_json::from_value(join)?;
+            let join = mint(&place, request)?;
             print!("{}", userdata::render(&join, &u.arch));
         }
-        Command::Nodes(n) => print_nodes(&n, operate(&place, operator::Request::Nodes)?)?,
+        Command::Nodes(n) => {
+            let operator::Answer::Nodes(nodes) = operate(&place, operator::Request::Nodes)? else {
+                return Err(mismatch("nodes"));
+            };
+            print_nodes(&n, nodes)?
+        }
         Command::Serve(s) => serve_coordinator(&place, s)?,
         Command::Run(r) => {
             let request = run_request(&r, &coordinator::blobs(data))?;
-            let set: SetView =
-                serde_json::from_value(operate(&place, operator::Request::Run(request))?)?;
+            let operator::Answer::Run(set) = operate(&place, operator::Request::Run(request))?
+            else {
+                return Err(mismatch("run"));
+            };
             println!("{}", set.set_id);
         }
         Command::Status(s) => print_status(&place, &s)?,
@@ -84,7 +92,9 @@ fn run_coordinator(args: Cli) -> Result<()> {
                 path: c.path.clone(),
                 max_bytes: c.max_bytes,
             };
-            let answer: Collected = serde_json::from_value(operate(&place, request)?)?;
+            let operator::Answer::Collected(answer) = operate(&place, request)? else {
+                return Err(mismatch("collect"));
+            };
             let blobs = coordinator::blobs(data);
             blobs
                 .take_collected(&answer.upload, &answer.digest, &c.out)
@@ -120,10 +130,17 @@ fn run_coordinator(args: Cli) -> Result<()> {
                 url: r.url.clone(),
                 expires_in_ms: r.expires_in.map(|d| d.as_millis() as u64),
             });
-            println!("{}", serde_json::to_string(&operate(&place, request)?)?);
+            let operator::Answer::Replicated(replicated) = operate(&place, request)? else {
+                return Err(mismatch("replicate"));
+            };
+            println!("{}", serde_json::to_string(&replicated)?);
         }
         Command::Stop(s) => {
-            operate(&place, operator::Request::Stop { run: s.run.clone() })?;
+            let operator::Answer::Stopped =
+                operate(&place, operator::Request::Stop { run: s.run.clone() })?
+            else {
+                return Err(mismatch("stop"));
+            };
             println!("stopped {}", s.run);
         }
     }
@@ -203,7 +220,9 @@ fn print_status(place: &Place, s: &StatusArgs) -> Result<()> {
         run: s.run.clone(),
     };
     let rows: Vec<RunView> = loop {
-        let rows: Vec<RunView> = serde_json::from_value(operate(place, request.clone())?)?;
+        let operator::Answer::Status(rows) = operate(place, request.clone())? else {
+            return Err(mismatch("status"));
+        };
         if !s.poll || rows.iter().all(|r| r.state.is_final()) {
             break rows;
         }
@@ -254,7 +273,7 @@ fn token_request(t: &TokenArgs) -> TokenRequest {
 /// Through the serving coordinator's socket when it runs, else on the store directly. The store
 /// is held only for this one request; a `serve` starting meanwhile waits for it (see
 /// [`STORE_PATIENCE`]), and when `serve` holds it first this command goes through its socket.
-fn operate(place: &Place, request: operator::Request) -> Result<serde_json::Value> {
+fn operate(place: &Place, request: operator::Request) -> Result<operator::Answer> {
     let data = &place.data;
     let deadline = std::time::Instant::now() + STORE_PATIENCE;
     let response = loop {
@@ -296,12 +315,11 @@ fn operate(place: &Place, request: operator::Request) -> Result<serde_json::Valu
     }
 }
 
-fn print_nodes(args: &NodesArgs, nodes: serde_json::Value) -> Result<()> {
+fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&nodes)?);
         return Ok(());
     }
-    let nodes: Vec<NodeView> = serde_json::from_value(nodes)?;
     println!(
         "{:<20} {:<7} {:<16} {:<8} {:>4} {:>4} {:<14} PUBLIC KEY",
         "ID", "STATE", "NAME", "ARCH", "CPUS", "GPUS", "HEARTBEAT"
@@ -370,4 +388,19 @@ fn default_max_connections() -> usize {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let open_files = limit.current.unwrap_or(1 << 20);
     open_files.saturating_sub(RESERVE).max(1) as usize
+}
+
+/// One join file for `request`.
+fn mint(place: &Place, request: TokenRequest) -> Result<JoinFile> {
+    match operate(place, operator::Request::Token(request))? {
+        operator::Answer::Token(join) => Ok(*join),
+        _ => Err(mismatch("token")),
+    }
+}
+
+/// A serving coordinator answered a request with another request's answer: another version.
+fn mismatch(command: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the serving coordinator answered `{command}` with another kind of answer: run the CLI of the serving coordinator's version"
+    )
 }

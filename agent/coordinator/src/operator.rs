@@ -1,7 +1,9 @@
 //! Operator requests (`token`, `nodes`, ...) while `serve` holds the store's lock: the serving
 //! coordinator answers them on a unix socket in its data directory; without one, the CLI opens
 //! the store itself. Both paths run [`handle`].
-use super::{Coordinator, CoordinatorError, TokenRequest};
+use crate::runs::{Collected, Replicated, RunView, SetView};
+use crate::{Coordinator, CoordinatorError, NodeView, TokenRequest};
+use fleet_proto::joinfile::JoinFile;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,10 +47,25 @@ impl Request {
     }
 }
 
+/// What a request is answered with: one answer per request, typed, so the CLI reads each as
+/// what it is.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    Token(Box<JoinFile>),
+    Tokens(Vec<JoinFile>),
+    Nodes(Vec<NodeView>),
+    Run(SetView),
+    Status(Vec<RunView>),
+    Collected(Collected),
+    Stopped,
+    Replicated(Replicated),
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Response {
-    Ok(serde_json::Value),
+    Ok(Answer),
     Error(String),
 }
 
@@ -72,9 +89,12 @@ pub async fn handle(
         } => coordinator
             .collect(&run, &path, max_bytes)
             .await
-            .map(to_json),
-        Request::Stop { run } => coordinator.stop(&run).await.map(to_json),
-        Request::Replicate(request) => coordinator.replicate(&request).await.map(to_json),
+            .map(Answer::Collected),
+        Request::Stop { run } => coordinator.stop(&run).await.map(|()| Answer::Stopped),
+        Request::Replicate(request) => coordinator
+            .replicate(&request)
+            .await
+            .map(Answer::Replicated),
         request => {
             tokio::task::spawn_blocking(move || answer(&coordinator, address.as_deref(), request))
                 .await
@@ -96,17 +116,19 @@ fn answer(
     coordinator: &Coordinator,
     address: Option<&str>,
     request: Request,
-) -> Result<serde_json::Value, CoordinatorError> {
+) -> Result<Answer, CoordinatorError> {
     match request {
-        Request::Token(req) => coordinator.mint_token(&req, address).map(to_json),
+        Request::Token(req) => {
+            (coordinator.mint_token(&req, address)).map(|join| Answer::Token(Box::new(join)))
+        }
         Request::Tokens { request, count } => coordinator
             .mint_tokens(&request, count, address)
-            .map(to_json),
-        Request::Nodes => coordinator.nodes().map(to_json),
-        Request::Run(req) => coordinator.create_runs(&req).map(to_json),
+            .map(Answer::Tokens),
+        Request::Nodes => coordinator.nodes().map(Answer::Nodes),
+        Request::Run(req) => coordinator.create_runs(&req).map(Answer::Run),
         Request::Status { set, run } => coordinator
             .status(set.as_deref(), run.as_deref())
-            .map(to_json),
+            .map(Answer::Status),
         Request::Collect { .. } | Request::Stop { .. } | Request::Replicate(_) => {
             unreachable!("collect, stop and replicate reach a node; `handle` answers them")
         }
@@ -122,10 +144,6 @@ pub fn bind(data: &Path) -> std::io::Result<tokio::net::UnixListener> {
     let listener = tokio::net::UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     Ok(listener)
-}
-
-fn to_json<T: Serialize>(value: T) -> serde_json::Value {
-    serde_json::to_value(value).expect("answers serialize")
 }
 
 /// Serves operator requests, one JSON line each way, until the task is dropped.

@@ -128,7 +128,7 @@ fn ours(coordinator: &Coordinator, image: &str, script: &str, state: &str) -> Re
     let set = coordinator.cli(&["run", "--all", "--image", image, "--", "-c", script])?;
     let status = serde_json::json!({"op": "status", "set": set.trim()});
     loop {
-        let rows = coordinator.ask(&status)?;
+        let rows = coordinator.ask(&status, "status")?;
         let row = &rows[0];
         if row["state"] == state {
             return Ok(begun.elapsed().as_secs_f64() * 1000.0);
