@@ -30,7 +30,7 @@ fn zero_program() -> Workload {
 fn apply(store: &Store, n: u64, report: &mut impl std::io::Write) {
     let op = format!("op-{n}");
     let run = format!("run-{n}");
-    if let Some(result) = store.applied(&op).unwrap() {
+    if let Some(result) = store.applied::<serde_json::Value>(&op).unwrap() {
         writeln!(report, "answered {n} {result}").unwrap();
         return;
     }

@@ -8,7 +8,6 @@ use fleet_proto::Digest;
 use fleet_proto::content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
 use fleet_proto::run::Workload;
-use serde_json::json;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -99,15 +98,8 @@ impl Node {
             return Err(Refusal::new(RefusalClass::Fenced, e));
         }
         if command.mutates() {
-            match self.store.applied(op) {
-                Ok(Some(recorded)) => {
-                    return serde_json::from_value(recorded).unwrap_or_else(|e| {
-                        Err(Refusal::new(
-                            RefusalClass::Store,
-                            format!("the recorded answer of {op} does not parse ({e}); run the agent version that wrote it"),
-                        ))
-                    });
-                }
+            match self.store.answer_of(op) {
+                Ok(Some(recorded)) => return recorded,
                 Ok(None) => {}
                 Err(e) => return Err(store_failed(e)),
             }
@@ -144,7 +136,7 @@ impl Node {
             )),
         };
         if command.mutates()
-            && let Err(e) = self.store.record_applied(op, &recorded(&answer))
+            && let Err(e) = self.store.record_answer(op, &answer)
         {
             return Err(store_failed(e));
         }
@@ -229,9 +221,8 @@ impl Node {
         let run_id = &start.run_id;
         let store_failed = |e: StateError| Refusal::new(RefusalClass::Store, e);
         // A run id belongs to the first operation that used it; another one is a duplicate.
-        let claim = format!("run-claim:{run_id}");
-        match self.store.applied(&claim) {
-            Ok(Some(c)) if c["op"] != op => {
+        match self.store.run_claim(run_id) {
+            Ok(Some(claimed)) if claimed != op => {
                 return Err(Refusal::new(
                     RefusalClass::RunIdTaken,
                     format!(
@@ -241,7 +232,7 @@ impl Node {
             }
             Ok(Some(_)) => {}
             Ok(None) => {
-                if let Err(e) = self.store.record_applied(&claim, &json!({ "op": op })) {
+                if let Err(e) = self.store.claim_run(run_id, op) {
                     return Err(store_failed(e));
                 }
             }
@@ -323,10 +314,9 @@ impl Node {
                     format!("{unlaunched}, and the registry credential it needs is never recorded on the node; run it again with --registry-auth"),
                 )?,
                 None => {
-                    let claim = self.store.applied(&format!("run-claim:{run_id}"))?;
-                    let op = claim.as_ref().and_then(|c| c["op"].as_str());
+                    let op = self.store.run_claim(&run_id)?;
                     self.fail_unlaunched(
-                        op,
+                        op.as_deref(),
                         &run_id,
                         format!("{unlaunched}, and its record (written by an older agent) keeps no start to complete; run it again"),
                     )?
@@ -343,7 +333,7 @@ impl Node {
         let run_id = &launch.start.run_id;
         tracing::info!(%run_id, "completing a start the agent recorded but did not launch");
         let answer = self.start(&launch.op, &launch.start);
-        self.store.record_applied(&launch.op, &recorded(&answer))?;
+        self.store.record_answer(&launch.op, &answer)?;
         crate::runtime::sync_run(&self.store, self.runtime.as_ref(), run_id).map(drop)
     }
 
@@ -361,7 +351,7 @@ impl Node {
                 RefusalClass::Other,
                 format!("run {run_id}: {why}"),
             ));
-            self.store.record_applied(op, &recorded(&answer))?;
+            self.store.record_answer(op, &answer)?;
         }
         self.store
             .transition(run_id, RunState::Failed, RunReport::error(why))
@@ -521,10 +511,6 @@ fn hold_point(point: &str) {
 fn hold_point(_point: &str) {}
 
 /// An answer as the node records it.
-fn recorded(answer: &Answer) -> serde_json::Value {
-    serde_json::to_value(answer).expect("answers serialize")
-}
-
 /// A content error as the refusal the coordinator reads.
 fn content_refused(e: ContentError) -> Refusal {
     let class = match &e {

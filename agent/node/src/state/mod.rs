@@ -19,7 +19,6 @@ mod spool;
 
 pub use error::StateError;
 pub use fleet_proto::run::Event;
-pub use ops::StoredResult;
 pub use runs::{KEEP_FINAL_RUNS, Launch, RunRecord};
 
 use redb::{

@@ -18,13 +18,41 @@ fn dir() -> tempfile::TempDir {
 fn an_applied_operation_is_answered_from_its_first_record_after_reopening() {
     let d = dir();
     let store = Store::open(d.path()).unwrap();
-    assert_eq!(store.applied("op-1").unwrap(), None);
+    assert_eq!(store.applied::<serde_json::Value>("op-1").unwrap(), None);
     store.record_applied("op-1", &json!({"ok": true})).unwrap();
     store.record_applied("op-1", &json!({"ok": false})).unwrap();
     drop(store);
     let store = Store::open(d.path()).unwrap();
     assert_eq!(store.applied("op-1").unwrap(), Some(json!({"ok": true})));
-    assert_eq!(store.applied("op-2").unwrap(), None);
+    assert_eq!(store.applied::<serde_json::Value>("op-2").unwrap(), None);
+}
+
+#[test]
+fn answers_and_run_claims_are_kept_typed_and_the_first_of_each_stays() {
+    use fleet_proto::protocol::{Answer, Refusal, RefusalClass, Reply};
+    let d = dir();
+    let store = Store::open(d.path()).unwrap();
+    let stopped: Answer = Ok(Reply::Stopped {
+        run_id: "r-1".into(),
+    });
+    store.record_answer("stop-1", &stopped).unwrap();
+    let refused: Answer = Err(Refusal::new(RefusalClass::Other, "no"));
+    store.record_answer("stop-1", &refused).unwrap();
+    assert_eq!(store.run_claim("r-1").unwrap(), None);
+    store.claim_run("r-1", "start-1").unwrap();
+    store.claim_run("r-1", "start-2").unwrap();
+    drop(store);
+    let store = Store::open(d.path()).unwrap();
+    assert_eq!(store.answer_of("stop-1").unwrap(), Some(stopped));
+    assert_eq!(store.answer_of("stop-2").unwrap(), None);
+    assert_eq!(store.run_claim("r-1").unwrap().as_deref(), Some("start-1"));
+    // A record that is not an answer is refused naming it, never taken for one.
+    store.record_applied("odd", &json!({"n": 1})).unwrap();
+    let err = store.answer_of("odd").unwrap_err().to_string();
+    assert!(
+        err.contains("its operation record odd does not decode"),
+        "{err}"
+    );
 }
 
 #[test]
