@@ -96,12 +96,7 @@ impl Coordinator {
             protocol::write_msg(stream, &Down::UploadFrom { offset: held })
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut file = tokio::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&partial)
-                .await
-                .map_err(disk)?;
+            let mut file = content::append_to(&partial).await.map_err(disk)?;
             let streamed =
                 content::stream_exact(stream, &mut file, size - held, Some(&mut hasher)).await;
             let got = match streamed {

@@ -385,12 +385,7 @@ where
             ),
         });
     }
-    let mut file = tokio::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(&partial)
-        .await
-        .map_err(disk)?;
+    let mut file = append_to(&partial).await.map_err(disk)?;
     match stream_exact(&mut stream, &mut file, size - offset, Some(&mut hasher)).await {
         Streamed::Done => {}
         Streamed::Cut { got, cause } => {
@@ -449,6 +444,15 @@ fn disk_error(
             reason: format!("cannot write under {} ({cause})", blobs.root().display()),
         }
     }
+}
+
+/// A partial file opened to append what arrives after what it holds (made when absent).
+pub async fn append_to(partial: &Path) -> io::Result<tokio::fs::File> {
+    tokio::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(partial)
+        .await
 }
 
 /// File work from async code, on tokio's blocking pool.

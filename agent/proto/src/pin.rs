@@ -63,18 +63,7 @@ impl std::fmt::Debug for PinnedKey {
     }
 }
 
-impl serde::Serialize for PinnedKey {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for PinnedKey {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        PinnedKey::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
+serde_as_text!(PinnedKey, PinnedKey::parse);
 
 /// What a peer's certificate says: its key and its validity window (Unix seconds).
 #[derive(Debug, Clone)]

@@ -146,18 +146,7 @@ impl std::fmt::Display for ImageRef {
     }
 }
 
-impl Serialize for ImageRef {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for ImageRef {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        ImageRef::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
+serde_as_text!(ImageRef, ImageRef::parse);
 
 /// A registry credential for pulling one image. It travels only in the start command that needs
 /// it and is never printed: `Debug` shows the user name alone.
