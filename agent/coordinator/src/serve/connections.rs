@@ -55,15 +55,18 @@ impl Connections {
         (self.cap.clone().acquire_owned().await).expect("the cap's semaphore is never closed")
     }
 
-    /// Serves one connection in its place; the place is free again when `work` ends.
-    pub(super) fn spawn(
-        &mut self,
-        permit: OwnedSemaphorePermit,
-        work: impl Future<Output = ()> + Send + 'static,
-    ) {
+    /// Serves one connection in its place; the place is free again when what `serve` makes
+    /// ends. A maker, not a future: an async block that captured a whole session's future and
+    /// awaited it would hold it twice over (upvars are not overlapped), doubling every
+    /// connection's memory.
+    pub(super) fn spawn<F, Fut>(&mut self, permit: OwnedSemaphorePermit, serve: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         self.tasks.spawn(async move {
-            work.await;
-            drop(permit);
+            let _place = permit;
+            serve().await;
         });
     }
 
@@ -107,11 +110,11 @@ mod tests {
         let mut connections = Connections::new(2);
         let (end_first, first_ends) = tokio::sync::oneshot::channel::<()>();
         let p1 = connections.permit().await;
-        connections.spawn(p1, async move {
+        connections.spawn(p1, move || async move {
             let _ = first_ends.await;
         });
         let p2 = connections.permit().await;
-        connections.spawn(p2, std::future::pending());
+        connections.spawn(p2, std::future::pending);
         assert_eq!(connections.open(), 2);
         let waited = tokio::time::timeout(Duration::from_secs(3600), connections.permit()).await;
         assert!(
@@ -143,7 +146,7 @@ mod tests {
         for _ in 0..100 {
             let (mut stopping, held) = (stopping.clone(), held.clone());
             let permit = connections.permit().await;
-            connections.spawn(permit, async move {
+            connections.spawn(permit, move || async move {
                 let _held = held;
                 let _ = stopping.wait_for(|s| *s).await;
                 // A session writes its last frames after the signal.
@@ -151,7 +154,7 @@ mod tests {
             });
         }
         let (permit, stuck) = (connections.permit().await, held.clone());
-        connections.spawn(permit, async move {
+        connections.spawn(permit, move || async move {
             let _held = stuck;
             std::future::pending::<()>().await
         });
@@ -174,7 +177,7 @@ mod tests {
     async fn a_drain_of_connections_that_all_end_takes_no_longer_than_they_do() {
         let mut connections = Connections::new(10);
         let permit = connections.permit().await;
-        connections.spawn(permit, tokio::time::sleep(Duration::from_millis(300)));
+        connections.spawn(permit, || tokio::time::sleep(Duration::from_millis(300)));
         let began = tokio::time::Instant::now();
         let drained = connections.drain(Duration::from_secs(10)).await;
         assert_eq!((drained.open, drained.ended, drained.cut), (1, 1, 0));

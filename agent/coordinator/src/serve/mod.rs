@@ -84,7 +84,7 @@ pub async fn serve(
         };
         let (coordinator, config, tls) = (coordinator.clone(), config.clone(), tls.clone());
         let stopping = stopping.clone();
-        connections.spawn(permit, async move {
+        connections.spawn(permit, move || async move {
             let _ = stream.set_nodelay(true);
             let mut first = [0u8; 1];
             let peeked = stream.peek(&mut first);
