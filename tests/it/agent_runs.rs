@@ -533,7 +533,7 @@ mod node_commands {
 
     fn start(run_id: &str, program: &Digest) -> Command {
         Command::Start(StartRun {
-            run_id: run_id.into(),
+            run_id: fleet_proto::RunId::parse(run_id).unwrap(),
             workload: Workload::Program(program.clone()),
             registry_auth: None,
             options: RunOptions {
@@ -647,7 +647,7 @@ mod node_commands {
         assert_eq!(
             first,
             Ok(Reply::Started {
-                run_id: "r-a".into(),
+                run_id: fleet_proto::RunId::parse("r-a").unwrap(),
                 already: false
             })
         );
@@ -670,7 +670,7 @@ mod node_commands {
         assert_eq!(unstaged.unwrap_err().class, RefusalClass::NotStaged);
         // A collect path that escapes the run folder.
         let collect = Command::Collect {
-            run_id: "r-a".into(),
+            run_id: fleet_proto::RunId::parse("r-a").unwrap(),
             path: "../r-c/x".into(),
             upload: "u".into(),
             max_bytes: None,

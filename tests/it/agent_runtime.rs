@@ -164,7 +164,7 @@ fn sigkill_at_random_points_never_loses_a_report_or_spools_a_transition_twice() 
             assert!(*id > last_id, "seed {seed}: event id {id} after {last_id}");
             last_id = *id;
             assert!(
-                delivered.insert((run_id.clone(), *state)),
+                delivered.insert((run_id.to_string(), *state)),
                 "seed {seed}: {run_id} {state} spooled twice"
             );
         }
@@ -183,7 +183,7 @@ fn sigkill_at_random_points_never_loses_a_report_or_spools_a_transition_twice() 
     apply(&store, next, &mut tail);
     for event in store.pending_events(last_id, usize::MAX).unwrap() {
         assert!(
-            delivered.insert((event.run_id.clone(), event.state)),
+            delivered.insert((event.run_id.to_string(), event.state)),
             "seed {seed}"
         );
     }
@@ -356,7 +356,10 @@ fn an_input_too_large_for_the_disk_is_a_clear_error_its_run_fails_and_the_next_r
 fn spooled(store: &Store) -> BTreeMap<String, Vec<RunState>> {
     let mut by_run: BTreeMap<String, Vec<RunState>> = BTreeMap::new();
     for e in store.pending_events(0, usize::MAX).unwrap() {
-        by_run.entry(e.run_id).or_default().push(e.state);
+        by_run
+            .entry(e.run_id.to_string())
+            .or_default()
+            .push(e.state);
     }
     by_run
 }
@@ -491,7 +494,7 @@ fn sigkill_of_the_watching_agent_at_random_points_spools_each_run_transition_onc
             assert!(e.id > last_id);
             last_id = e.id;
             assert!(
-                delivered.insert((e.run_id.clone(), e.state)),
+                delivered.insert((e.run_id.to_string(), e.state)),
                 "{} {} spooled twice",
                 e.run_id,
                 e.state

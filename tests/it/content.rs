@@ -807,7 +807,7 @@ fn the_blob_sweep_removes_only_content_no_run_refers_to_after_its_grace() {
     run.workload = fleet_proto::run::Workload::Program(program.clone());
     run.options.inputs = vec![("data".into(), input.clone())];
     coordinator.store().create_set("s1", &[run]).unwrap();
-    let cut_upload = coordinator.blobs().collected_partial("u1");
+    let cut_upload = coordinator.blobs().collected_partial(&"u1".into());
     std::fs::create_dir_all(cut_upload.parent().unwrap()).unwrap();
     std::fs::write(&cut_upload, "half").unwrap();
     coordinator.sweep_blobs(Duration::from_secs(3600)).unwrap();

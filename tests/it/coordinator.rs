@@ -202,7 +202,7 @@ fn an_unknown_run_state_from_the_wire_is_refused_on_its_event_and_the_session_go
     let set = testkit::ok(
         coord
             .command()
-            .args(["run", "--node", &node_id, "--program"])
+            .args(["run", "--node", node_id.as_str(), "--program"])
             .arg(&program),
     );
     let rows = status(&coord, set.trim());

@@ -6,6 +6,7 @@ use fleet_coordinator::store::{
     Backend, KEEP_FINAL_RUNS, PostgresBackend, SCHEMA_VERSION, Store, StoreError, TokenRecord,
     conformance,
 };
+use fleet_proto::{NodeId, RunId};
 use serde_json::Value;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -63,7 +64,7 @@ fn a_token_raced_from_two_stores_is_spent_once() {
                         .redeem(
                             &hash,
                             &format!("ed25519:key-{round}-{i}"),
-                            &format!("n-{round}-{i}"),
+                            &NodeId::new(format!("n-{round}-{i}")),
                             1,
                             1_000,
                         )
@@ -96,12 +97,14 @@ fn runs_finished_by_many_nodes_at_once_all_land() {
         Arc::new(Store::open(Box::new(PostgresBackend::open(&url).unwrap()), KEEP).unwrap());
     let mut runs = Vec::new();
     for n in 0..NODES {
-        let (hash, node) = (format!("t{n}"), format!("n{n}"));
+        let (hash, node) = (format!("t{n}"), NodeId::new(format!("n{n}")));
         store.add_token(&hash, &token(), 0).unwrap();
         store
             .redeem(&hash, &format!("ed25519:{n}"), &node, 1, 10)
             .unwrap();
-        runs.extend((0..RUNS).map(|r| conformance::run(&format!("r{n}-{r}"), "s", &node, b"p", 1)));
+        runs.extend(
+            (0..RUNS).map(|r| conformance::run(&format!("r{n}-{r}"), "s", node.as_str(), b"p", 1)),
+        );
     }
     store.create_set("s", &runs).unwrap();
     let barrier = Arc::new(Barrier::new(NODES));
@@ -113,13 +116,13 @@ fn runs_finished_by_many_nodes_at_once_all_land() {
                 for r in 0..RUNS {
                     let finished = NodeEvent::Known(Event {
                         id: r as u64 + 1,
-                        run_id: format!("r{n}-{r}"),
+                        run_id: RunId::parse(&format!("r{n}-{r}")).unwrap(),
                         state: RunState::Finished,
                         report: RunReport::default(),
                         at_unix_ms: 5,
                     });
                     store
-                        .apply_events(&format!("n{n}"), &[finished])
+                        .apply_events(&NodeId::new(format!("n{n}")), &[finished])
                         .unwrap_or_else(|e| panic!("node {n}, run {r}: {e}"));
                 }
             })
@@ -130,7 +133,7 @@ fn runs_finished_by_many_nodes_at_once_all_land() {
     }
     assert!(store.active_runs().unwrap().is_empty());
     for n in 0..NODES {
-        let node = format!("n{n}");
+        let node = NodeId::new(format!("n{n}"));
         assert_eq!(store.read(|tx| tx.final_count(&node)).unwrap(), KEEP);
     }
     let db = database_of(&url);
@@ -428,14 +431,14 @@ fn schema_1_database_upgraded_at_open() {
     let db = database_of(&url);
     pg.sql(db, &sql);
     let store = open(&url);
-    let waiting_ids: Vec<String> = (store.waiting_runs("n-a").unwrap())
+    let waiting_ids: Vec<RunId> = (store.waiting_runs(&"n-a".into()).unwrap())
         .into_iter()
         .map(|r| r.id)
         .collect();
     assert_eq!(waiting_ids, ["r-wait"]);
     assert_eq!(store.active_runs().unwrap().len(), 2);
-    assert_eq!(store.read(|tx| tx.final_count("n-a")).unwrap(), 1);
-    let node = store.node("n-a").unwrap().unwrap();
+    assert_eq!(store.read(|tx| tx.final_count(&"n-a".into())).unwrap(), 1);
+    let node = store.node(&"n-a".into()).unwrap().unwrap();
     assert_eq!(
         (
             node.last_heartbeat_ms,

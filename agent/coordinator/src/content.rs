@@ -6,9 +6,9 @@
 //! upload lands apart (`blobs/collected/NAME`), for the CLI to move to `--out`.
 use crate::Coordinator;
 use crate::runs::off_thread;
-use fleet_proto::Digest;
 use fleet_proto::content::{self, Streamed};
 use fleet_proto::protocol::{self, Down, Up};
+use fleet_proto::{Digest, NodeId, UploadId};
 use sha2::Sha256;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
@@ -21,12 +21,28 @@ pub const BLOB_GRACE: Duration = Duration::from_secs(600);
 /// How long an upload's digest may take to follow its last byte.
 const SENT_WAIT: Duration = Duration::from_secs(30);
 
+/// Who asked for content: a node, or another coordinator of the fleet copying a blob.
+#[derive(Clone, Copy)]
+pub(crate) enum Asker<'a> {
+    Node(&'a NodeId),
+    Peer,
+}
+
+impl std::fmt::Display for Asker<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Asker::Node(node_id) => write!(f, "{node_id}"),
+            Asker::Peer => f.write_str("another coordinator"),
+        }
+    }
+}
+
 impl Coordinator {
     /// Sends the content of `digest` from byte `offset`: [`Down::Content`], then the bytes.
     pub(crate) async fn send_content<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
-        node_id: &str,
+        to: Asker<'_>,
         digest: &Digest,
         offset: u64,
     ) -> Result<(), String> {
@@ -60,7 +76,7 @@ impl Coordinator {
             Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
         };
         self.traffic().sent(sent);
-        tracing::info!(%node_id, %digest, offset, bytes = sent, "content sent");
+        tracing::info!(%to, %digest, offset, bytes = sent, "content sent");
         match streamed {
             Streamed::Done => {
                 let _ = stream.shutdown().await;
@@ -68,7 +84,7 @@ impl Coordinator {
             }
             Streamed::Cut { cause, .. } => Err(format!("reading blob {digest} failed: {cause}")),
             Streamed::Write { cause, .. } => {
-                Err(format!("sending {digest} to {node_id} stopped: {cause}"))
+                Err(format!("sending {digest} to {to} stopped: {cause}"))
             }
         }
     }
@@ -80,8 +96,8 @@ impl Coordinator {
     pub(crate) async fn receive_content<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
-        node_id: &str,
-        upload: &str,
+        node_id: &NodeId,
+        upload: &UploadId,
         size: u64,
     ) -> Result<(), String> {
         let partial = self.blobs().collected_partial(upload);
@@ -114,7 +130,7 @@ impl Coordinator {
                 Streamed::Done => {}
                 Streamed::Cut { cause, .. } => {
                     let _ = file.sync_data().await;
-                    tracing::info!(%node_id, upload, offset = held, bytes = got, "content received");
+                    tracing::info!(%node_id, %upload, offset = held, bytes = got, "content received");
                     return Err(stopped(cause));
                 }
                 Streamed::Write { cause, .. } => {
@@ -133,14 +149,14 @@ impl Coordinator {
                 Ok(Ok(None)) | Err(_) => return Err(stopped("no digest after the bytes".into())),
             };
             let got = Digest::from_hasher(hasher);
-            tracing::info!(%node_id, upload, digest = %got, offset = held, bytes = size - held, "content received");
+            tracing::info!(%node_id, %upload, digest = %got, offset = held, bytes = size - held, "content received");
             if got != sent {
                 let _ = tokio::fs::remove_file(&partial).await;
                 return Err(format!(
                     "content {sent}: what arrived hashes to {got}; removed it: if the run still writes the file, collect it once it stopped"
                 ));
             }
-            let (blobs, name) = (self.blobs().clone(), upload.to_string());
+            let (blobs, name) = (self.blobs().clone(), upload.clone());
             off_thread(move || blobs.settle_collected(&partial, &name))
                 .await
                 .map_err(disk)?;

@@ -3,6 +3,7 @@
 use crate::Coordinator;
 use crate::error::CoordinatorError;
 use crate::store::{self, NodeRecord, TokenRecord};
+use fleet_proto::NodeId;
 use fleet_proto::facts::Facts;
 use fleet_proto::fsutil::now_ms;
 use serde::{Deserialize, Serialize};
@@ -50,8 +51,11 @@ pub struct NodeView {
 }
 
 /// A node's id follows from its key, so the same key always gets the same id.
-pub fn node_id(public_key: &[u8]) -> String {
-    format!("n-{}", &hex::encode(Sha256::digest(public_key))[..16])
+pub fn node_id(public_key: &[u8]) -> NodeId {
+    NodeId::new(format!(
+        "n-{}",
+        &hex::encode(Sha256::digest(public_key))[..16]
+    ))
 }
 
 impl Coordinator {
@@ -76,7 +80,7 @@ fn view(node: NodeRecord, now: u64) -> NodeView {
         NodeState::Lost
     };
     NodeView {
-        id: node.id,
+        id: node.id.to_string(),
         state,
         name: node.name,
         public_key: node.public_key,

@@ -6,18 +6,16 @@
 //! coordinator holds ([`Up::Relay`]), and for a blob by digest ([`Up::Fetch`]).
 use crate::runs::off_thread;
 use crate::{Coordinator, KEY_FILE};
-use fleet_proto::Digest;
 use fleet_proto::content::{self, ContentError};
 use fleet_proto::dial::DialError;
 use fleet_proto::protocol::{self, Answer, Command, Down, Refusal, RefusalClass, Reply, Up};
+use fleet_proto::{Digest, NodeId};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 /// A peer's certificate lives for one copy or relay at most.
 const PEER_CERT_VALIDITY: Duration = Duration::from_secs(3600);
-/// The node id a peer names in its fetch: the content is for this coordinator's blob store.
-pub const PEER: &str = "coordinator";
 
 /// A pinned TLS connection to the coordinator at `address`, proving the fleet's key.
 async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, String> {
@@ -37,13 +35,13 @@ async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpS
 pub(crate) async fn relay(
     coordinator: &Coordinator,
     address: &str,
-    node_id: &str,
+    node_id: &NodeId,
     command: Command,
     patience: Duration,
 ) -> Result<Answer, String> {
     let mut stream = dial(coordinator, address).await?;
     let ask = Up::Relay {
-        node_id: node_id.to_string(),
+        node_id: node_id.clone(),
         command,
     };
     protocol::write_msg(&mut stream, &ask)
@@ -74,11 +72,9 @@ pub(crate) async fn pull(
             reason,
         };
         let mut stream = dial(coordinator, address).await.map_err(failed)?;
-        let fetch = Up::Fetch {
-            node_id: PEER.into(),
+        let fetch = Up::Copy {
             digest: digest.clone(),
             offset,
-            ticket: None,
         };
         protocol::write_msg(&mut stream, &fetch)
             .await
@@ -96,7 +92,7 @@ impl Coordinator {
     /// A peer's relayed command, passed to the node whose session this coordinator holds. A
     /// collect's upload is let in here under the name the peer gave it, and kept as a blob by
     /// its digest, for the peer to copy.
-    pub(crate) async fn relayed(&self, node_id: &str, command: Command) -> Answer {
+    pub(crate) async fn relayed(&self, node_id: &NodeId, command: Command) -> Answer {
         let expected = match &command {
             Command::Collect { upload, .. } => Some(self.uploads().expect(upload, node_id)),
             _ => None,
@@ -106,7 +102,7 @@ impl Coordinator {
             Err(e) => Err(Refusal::new(RefusalClass::NoSession, e.to_string())),
         };
         if let Some(expected) = expected {
-            let upload = expected.name().to_string();
+            let upload = expected.name().clone();
             drop(expected);
             if let Ok(Reply::Collected { digest, .. }) = &answer {
                 let (blobs, digest) = (self.blobs().clone(), digest.clone());

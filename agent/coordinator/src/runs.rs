@@ -2,10 +2,10 @@
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
 use crate::store::RunRow;
 use crate::{Coordinator, CoordinatorError};
-use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
+use fleet_proto::{Digest, NodeId, RunId, UploadId};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -64,15 +64,15 @@ impl RunRequest {
 pub struct SetView {
     pub set_id: String,
     pub program: String,
-    pub runs: Vec<String>,
+    pub runs: Vec<RunId>,
 }
 
 /// One status row.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunView {
-    pub run_id: String,
+    pub run_id: RunId,
     pub set_id: String,
-    pub node_id: String,
+    pub node_id: NodeId,
     pub state: RunState,
     /// How the run ended, whichever runtime ran it.
     pub outcome: Option<Outcome>,
@@ -126,7 +126,7 @@ impl From<RunRow> for RunView {
 pub struct Collected {
     pub digest: Digest,
     pub size: u64,
-    pub upload: String,
+    pub upload: UploadId,
 }
 
 /// A node answered with a reply of another command: a protocol mismatch between versions.
@@ -135,6 +135,11 @@ fn unexpected(row: &RunRow, what: &str, reply: &Reply) -> CoordinatorError {
         "node {} answered {what} with {reply:?}; run an agent of this coordinator's version",
         row.node_id
     ))
+}
+
+/// A run id nobody knows, or one that cannot be a run id at all.
+fn no_run(run: &str) -> CoordinatorError {
+    CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
 }
 
 /// How long a command may take to be answered: a collect or replicate moves a whole file first.
@@ -164,7 +169,7 @@ pub struct ReplicateRequest {
 /// An artifact in place on a node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Replicated {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub digest: Digest,
     pub size: u64,
     pub copy_ms: u64,
@@ -175,6 +180,10 @@ fn random_id(prefix: &str) -> String {
     let mut raw = [0u8; 6];
     rand::thread_rng().fill_bytes(&mut raw);
     format!("{prefix}-{}", hex::encode(raw))
+}
+
+fn new_run_id() -> RunId {
+    RunId::parse(&random_id("r")).expect("r-HEX is a run id")
 }
 
 impl Coordinator {
@@ -218,11 +227,11 @@ impl Coordinator {
             }
         }
         let nodes = self.store().nodes()?;
-        let selected: Vec<String> = match (&request.node, request.all) {
+        let selected: Vec<NodeId> = match (&request.node, request.all) {
             (_, true) => nodes.iter().map(|n| n.id.clone()).collect(),
             (Some(wanted), false) => nodes
                 .iter()
-                .filter(|n| &n.id == wanted || n.name.as_deref() == Some(wanted))
+                .filter(|n| n.id.as_str() == wanted || n.name.as_deref() == Some(wanted))
                 .map(|n| n.id.clone())
                 .collect(),
             (None, false) => {
@@ -245,7 +254,7 @@ impl Coordinator {
             .iter()
             .flat_map(|node| std::iter::repeat_n(node.clone(), request.repeat.max(1) as usize))
             .map(|node_id| RunRow {
-                id: random_id("r"),
+                id: new_run_id(),
                 set_id: set_id.clone(),
                 node_id,
                 state: RunState::Waiting,
@@ -267,7 +276,7 @@ impl Coordinator {
         };
         if let Some(auth) = &request.registry_auth {
             (self.credentials())
-                .hold(runs.iter().map(|r| r.id.as_str()), auth)
+                .hold(runs.iter().map(|r| &r.id), auth)
                 .map_err(|e| bad(e.to_string()))?;
         }
         if let Err(e) = self.store().create_set(&set_id, &runs) {
@@ -276,7 +285,7 @@ impl Coordinator {
             }
             return Err(e.into());
         }
-        self.sessions().wake(selected.iter().map(String::as_str));
+        self.sessions().wake(&selected);
         Ok(SetView {
             set_id,
             program: what,
@@ -315,10 +324,10 @@ impl Coordinator {
         let row = self.stored_run(run).await?;
         let mut raw = [0u8; 16];
         rand::thread_rng().fill_bytes(&mut raw);
-        let upload = hex::encode(raw);
+        let upload = UploadId::new(hex::encode(raw));
         let expected = self.uploads().expect(&upload, &row.node_id);
         let command = Command::Collect {
-            run_id: run.to_string(),
+            run_id: row.id.clone(),
             path: path.to_string(),
             upload: upload.clone(),
             max_bytes,
@@ -372,7 +381,7 @@ impl Coordinator {
         let bad = |m: String| CoordinatorError::Request(m);
         let node_id = (self.with_store(|store| store.nodes()).await?)
             .into_iter()
-            .find(|n| n.id == request.node || n.name.as_deref() == Some(&request.node))
+            .find(|n| n.id.as_str() == request.node || n.name.as_deref() == Some(&request.node))
             .map(|n| n.id)
             .ok_or_else(|| {
                 bad(format!(
@@ -453,7 +462,7 @@ impl Coordinator {
             )));
         }
         let command = Command::Stop {
-            run_id: run.to_string(),
+            run_id: row.id.clone(),
         };
         match self.call_node(&row.node_id, "stop", command).await? {
             Reply::Stopped { .. } => Ok(()),
@@ -463,17 +472,14 @@ impl Coordinator {
 
     /// [`Self::known_run`] from async code: off the async thread, as every store call there.
     async fn stored_run(&self, run: &str) -> Result<RunRow, CoordinatorError> {
-        let id = run.to_string();
+        let id = RunId::parse(run).map_err(|_| no_run(run))?;
         let row = self.with_store(move |store| store.run(&id)).await?;
-        row.ok_or_else(|| {
-            CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
-        })
+        row.ok_or_else(|| no_run(run))
     }
 
     fn known_run(&self, run: &str) -> Result<RunRow, CoordinatorError> {
-        self.store().run(run)?.ok_or_else(|| {
-            CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
-        })
+        let id = RunId::parse(run).map_err(|_| no_run(run))?;
+        self.store().run(&id)?.ok_or_else(|| no_run(run))
     }
 
     /// Sends `command` to the node over its live session, here or through the coordinator of
@@ -481,7 +487,7 @@ impl Coordinator {
     /// none), and returns the node's reply.
     async fn call_node(
         &self,
-        node_id: &str,
+        node_id: &NodeId,
         what: &str,
         command: Command,
     ) -> Result<Reply, CoordinatorError> {
@@ -493,7 +499,7 @@ impl Coordinator {
         let answer = match self.sessions().calls(node_id) {
             Some(_) => self.call_held(node_id, command).await?,
             None => {
-                let id = node_id.to_string();
+                let id = node_id.clone();
                 let node = self.with_store(move |store| store.node(&id)).await?;
                 let holder = node.and_then(|n| n.session_at);
                 let holder = holder.filter(|at| Some(at.as_str()) != self.fleet().address());
@@ -513,7 +519,7 @@ impl Coordinator {
     /// node's answer; for a peer's relay too.
     pub async fn call_held(
         &self,
-        node_id: &str,
+        node_id: &NodeId,
         command: Command,
     ) -> Result<Answer, CoordinatorError> {
         let gone =
@@ -543,7 +549,7 @@ impl Coordinator {
         lease_ms: u64,
     ) -> Result<(), CoordinatorError> {
         let now = now_ms();
-        let nodes: HashMap<String, u64> = self
+        let nodes: HashMap<NodeId, u64> = self
             .store()
             .nodes()?
             .into_iter()

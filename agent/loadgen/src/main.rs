@@ -12,6 +12,7 @@ use fleet_proto::facts::Facts;
 use fleet_proto::joinfile::JoinFile;
 use fleet_proto::protocol::{self, Command, Down, Refusal, RefusalClass, Reply, Up};
 use fleet_proto::run::{Event, Outcome, RunReport, RunState};
+use fleet_proto::{NodeId, OpId, RunId};
 use std::io::BufRead;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -134,7 +135,7 @@ async fn session(
     identity: &Identity,
     join: &JoinFile,
     address: &str,
-    node_id: &str,
+    node_id: &NodeId,
     spool: &mut Spool,
     counters: &Counters,
 ) -> Result<bool> {
@@ -147,7 +148,7 @@ async fn session(
     .await?;
     let mut stream = dialed.stream;
     let hello = Up::Hello {
-        node_id: node_id.to_string(),
+        node_id: node_id.clone(),
     };
     protocol::write_msg(&mut stream, &hello).await?;
     let Some(Down::Welcome { heartbeat_ms, .. }) = protocol::read_msg(&mut stream).await? else {
@@ -213,7 +214,7 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
 /// Answers one command as an agent would, a start with its two events after the answer.
 async fn answer<W: AsyncWrite + Unpin>(
     writer: &mut W,
-    op: String,
+    op: OpId,
     command: Command,
     spool: &mut Spool,
     counters: &Counters,
@@ -276,7 +277,7 @@ async fn answer<W: AsyncWrite + Unpin>(
 #[derive(Default)]
 struct Spool {
     next_id: u64,
-    started: std::collections::HashSet<String>,
+    started: std::collections::HashSet<RunId>,
     unacked: Vec<Event>,
 }
 

@@ -149,7 +149,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
 
 /// Opens the node's store and runtime, and re-adopts every run it knows: results missed while
 /// the agent was down are spooled now, a run whose supervisor died is spooled `lost`, once.
-fn open_node(config: &AgentConfig, node_id: &str) -> Result<Node, AgentError> {
+fn open_node(config: &AgentConfig, node_id: &fleet_proto::NodeId) -> Result<Node, AgentError> {
     let run_store = config.facts.run_store.clone();
     let process = match &config.supervisor {
         Some(path) => ProcessRuntime::new(path, run_store),
@@ -160,7 +160,7 @@ fn open_node(config: &AgentConfig, node_id: &str) -> Result<Node, AgentError> {
         process,
         config.docker.clone(),
         &config.state.join("docker"),
-        node_id,
+        node_id.as_str(),
     );
     let node = Node::open(&config.state, Arc::new(runtime))?;
     let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;

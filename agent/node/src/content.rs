@@ -4,9 +4,9 @@
 //! resumes from its length; content already held whole is never fetched again.
 use crate::dial;
 use crate::identity::Identity;
-use fleet_proto::Digest;
 use fleet_proto::content::{self, Blobs, ContentError, Streamed, land};
 use fleet_proto::protocol::{self, Down, Up};
+use fleet_proto::{Digest, UploadId};
 use sha2::Sha256;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ const FIRST_ANSWER: Duration = Duration::from_secs(30);
 pub struct ContentLink {
     /// The coordinator the session talks to now.
     pub address: crate::dial::Coordinators,
-    pub node_id: String,
+    pub node_id: fleet_proto::NodeId,
     pub identity: Arc<Identity>,
     pub pinned: Vec<u8>,
     pub validity: Duration,
@@ -71,7 +71,7 @@ impl ContentLink {
     pub async fn upload(
         &self,
         file: &std::fs::File,
-        upload: &str,
+        upload: &UploadId,
         what: &str,
         size: u64,
     ) -> Result<Digest, ContentError> {
@@ -81,7 +81,7 @@ impl ContentLink {
     async fn upload_once(
         &self,
         file: &std::fs::File,
-        upload: &str,
+        upload: &UploadId,
         what: &str,
         size: u64,
     ) -> Result<Digest, ContentError> {
@@ -99,7 +99,7 @@ impl ContentLink {
                 &what,
                 Up::Upload {
                     node_id: self.node_id.clone(),
-                    upload: upload.to_string(),
+                    upload: upload.clone(),
                     size,
                 },
             )

@@ -44,7 +44,7 @@ impl Identity {
 /// What the node keeps after joining: who it is and whom it talks to. Holds no secret.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Membership {
-    pub node_id: String,
+    pub node_id: fleet_proto::NodeId,
     /// The coordinator's `host:port`.
     pub address: String,
     /// The fleet's other coordinators, as the join file and the newest session named them.

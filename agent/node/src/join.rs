@@ -29,7 +29,7 @@ pub async fn join(
     identity: &Identity,
     file: &JoinFile,
     retry_base: Duration,
-) -> Result<String, JoinError> {
+) -> Result<fleet_proto::NodeId, JoinError> {
     let pinned = file.pinned_key();
     let mut backoff = Backoff::new(retry_base);
     warn_of_skew(file);
@@ -94,7 +94,7 @@ async fn attempt_once(
     file: &JoinFile,
     address: &str,
     pinned: &[u8],
-) -> Result<String, Failure> {
+) -> Result<fleet_proto::NodeId, Failure> {
     let mut dialed = dial::dial(address, identity, pinned, JOIN_CERT_VALIDITY)
         .await
         .map_err(Failure::Dial)?;

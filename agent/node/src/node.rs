@@ -4,10 +4,10 @@ use crate::content::ContentLink;
 use crate::facts::LinkMeter;
 use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started};
 use crate::state::{Launch, StateError, Store};
-use fleet_proto::Digest;
 use fleet_proto::content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
 use fleet_proto::run::Workload;
+use fleet_proto::{Digest, UploadId};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -109,16 +109,16 @@ impl Node {
             Command::Start(start) => self.start(op, start),
             Command::Stop { run_id } => self
                 .runtime
-                .stop(run_id)
+                .stop(run_id.as_str())
                 .map(|()| Reply::Stopped {
                     run_id: run_id.clone(),
                 })
                 .map_err(refused),
             Command::Status { run_id } => self
                 .runtime
-                .status(run_id)
+                .status(run_id.as_str())
                 .map(|s| Reply::Status {
-                    run_id: s.run_id,
+                    run_id: run_id.clone(),
                     state: s.state,
                     report: s.report,
                 })
@@ -128,7 +128,7 @@ impl Node {
                 path,
                 upload,
                 max_bytes,
-            } => self.collect(run_id, path, upload, max_bytes.unwrap_or(u64::MAX)),
+            } => self.collect(run_id.as_str(), path, upload, max_bytes.unwrap_or(u64::MAX)),
             Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
@@ -221,7 +221,7 @@ impl Node {
         let run_id = &start.run_id;
         let store_failed = |e: StateError| Refusal::new(RefusalClass::Store, e);
         // A run id belongs to the first operation that used it; another one is a duplicate.
-        match self.store.run_claim(run_id) {
+        match self.store.run_claim(run_id.as_str()) {
             Ok(Some(claimed)) if claimed != op => {
                 return Err(Refusal::new(
                     RefusalClass::RunIdTaken,
@@ -232,7 +232,7 @@ impl Node {
             }
             Ok(Some(_)) => {}
             Ok(None) => {
-                if let Err(e) = self.store.claim_run(run_id, op) {
+                if let Err(e) = self.store.claim_run(run_id.as_str(), op) {
                     return Err(store_failed(e));
                 }
             }
@@ -262,7 +262,7 @@ impl Node {
         }
         hold_point("run-recorded");
         let spec = RunSpec {
-            run_id: run_id.clone(),
+            run_id: run_id.to_string(),
             workload: start.workload.clone(),
             argv: start
                 .options
@@ -334,7 +334,7 @@ impl Node {
         tracing::info!(%run_id, "completing a start the agent recorded but did not launch");
         let answer = self.start(&launch.op, &launch.start);
         self.store.record_answer(&launch.op, &answer)?;
-        crate::runtime::sync_run(&self.store, self.runtime.as_ref(), run_id).map(drop)
+        crate::runtime::sync_run(&self.store, self.runtime.as_ref(), run_id.as_str()).map(drop)
     }
 
     /// A start cut off before its launch that cannot be completed: its operation is answered
@@ -361,13 +361,16 @@ impl Node {
     /// A start that could not launch: the run is recorded `failed` with the reason, once.
     fn fail_run(&self, start: &StartRun, refusal: Refusal) -> Answer {
         let run_id = &start.run_id;
-        let recorded = self.store.track_run(run_id, &start.workload).and_then(|_| {
-            self.store.transition(
-                run_id,
-                RunState::Failed,
-                RunReport::error(refusal.message.clone()),
-            )
-        });
+        let recorded = self
+            .store
+            .track_run(run_id.as_str(), &start.workload)
+            .and_then(|_| {
+                self.store.transition(
+                    run_id.as_str(),
+                    RunState::Failed,
+                    RunReport::error(refusal.message.clone()),
+                )
+            });
         match recorded {
             Ok(_) => Err(refusal),
             Err(e) => Err(Refusal::new(RefusalClass::Store, e)),
@@ -454,7 +457,7 @@ impl Node {
 
     /// Opens the run's file (bounded by `max_bytes`; the process runtime reads it in place, a
     /// runtime that cannot copies it to scratch first) and uploads it, hashed as it goes.
-    fn collect(&self, run_id: &str, path: &str, upload: &str, max_bytes: u64) -> Answer {
+    fn collect(&self, run_id: &str, path: &str, upload: &UploadId, max_bytes: u64) -> Answer {
         let other = |m: String| Refusal::new(RefusalClass::Other, m);
         std::fs::create_dir_all(&self.scratch)
             .map_err(|e| other(format!("cannot create {}: {e}", self.scratch.display())))?;

@@ -7,6 +7,7 @@ use crate::dial::{self, Coordinators, DialError};
 use crate::facts::FactsSource;
 use crate::identity::{Identity, Membership};
 use crate::node::Node;
+use fleet_proto::OpId;
 use fleet_proto::protocol::{
     self, Answer, Command, Down, FrameError, Refusal, RefusalClass, Reply, Up,
 };
@@ -25,7 +26,7 @@ const MAX_WORKING: usize = 16;
 
 /// A command that ran beside the loop: its op, its answer, and what it held up while it ran.
 struct Done {
-    op: String,
+    op: OpId,
     answer: Answer,
     held: Holds,
 }
@@ -48,7 +49,7 @@ struct Working {
     /// Stages in flight.
     staging: usize,
     /// Commands waiting for what they follow, in arrival order.
-    deferred: std::collections::VecDeque<(String, u64, Command)>,
+    deferred: std::collections::VecDeque<(OpId, u64, Command)>,
 }
 
 impl Working {
@@ -279,7 +280,7 @@ impl Session<'_> {
                     None | Some(Ok(None)) => return Ended::Closed,
                     Some(Err(e)) => return e.into(),
                     Some(Ok(Some(Err((op, reason))))) => {
-                        tracing::warn!(op, "a malformed command: {reason}");
+                        tracing::warn!(%op, "a malformed command: {reason}");
                         let answer = Err(Refusal::new(RefusalClass::Malformed, format!("a malformed command: {reason}")));
                         if let Err(e) = protocol::write_msg(writer, &Up::Result { op, answer }).await {
                             return e.into();
@@ -310,7 +311,7 @@ impl Session<'_> {
         &self,
         writer: &mut W,
         working: &mut Working,
-        op: String,
+        op: OpId,
         generation: u64,
         command: Command,
     ) -> Result<(), Ended> {
@@ -336,12 +337,12 @@ impl Session<'_> {
                     if working.staging > 0 || working.starting.len() >= MAX_STARTING {
                         return;
                     }
-                    Holds::Start(start.run_id.clone())
+                    Holds::Start(start.run_id.to_string())
                 }
                 Command::Stop { run_id }
                 | Command::Status { run_id }
                 | Command::Collect { run_id, .. } => {
-                    if working.starting.contains(run_id) {
+                    if working.starting.contains(run_id.as_str()) {
                         return;
                     }
                     Holds::Nothing
@@ -355,7 +356,7 @@ impl Session<'_> {
             working.hold(&held);
             let node = self.node.clone();
             working.tasks.spawn_blocking(move || {
-                let answer = node.execute(&op, generation, &command);
+                let answer = node.execute(op.as_str(), generation, &command);
                 Done { op, answer, held }
             });
         }
@@ -399,7 +400,7 @@ impl Session<'_> {
     async fn send_facts<W: AsyncWrite + Unpin>(
         &self,
         writer: &mut W,
-        op: String,
+        op: OpId,
     ) -> Result<(), Ended> {
         let facts = self.facts.collect().await;
         protocol::write_msg(writer, &Up::Facts { facts }).await?;
@@ -489,14 +490,14 @@ impl Session<'_> {
 
 /// A message from the coordinator: a well-formed one, or the op id and reason of a malformed one
 /// (framing is intact, so the session goes on and the command gets an error answer).
-type Inbound = Result<Option<Result<Down, (String, String)>>, FrameError>;
+type Inbound = Result<Option<Result<Down, (OpId, String)>>, FrameError>;
 
-fn parse_down(value: serde_json::Value) -> Result<Down, (String, String)> {
+fn parse_down(value: serde_json::Value) -> Result<Down, (OpId, String)> {
     let op = value
         .get("op")
         .and_then(|o| o.as_str())
-        .unwrap_or_default()
-        .to_string();
+        .map(OpId::new)
+        .unwrap_or_else(|| OpId::new(""));
     serde_json::from_value(value).map_err(|e| (op, e.to_string()))
 }
 

@@ -1,6 +1,7 @@
 //! Content by digest: the folder of content-addressed blobs both sides keep, and the streaming,
 //! hashing copy every transfer goes through. Memory stays flat with the content's size: one
 //! buffer of [`CHUNK`] bytes per transfer.
+use crate::ids::UploadId;
 use run_store::Digest;
 use sha2::{Digest as _, Sha256};
 use std::fs::{self, File, OpenOptions};
@@ -85,12 +86,12 @@ impl Blobs {
     }
 
     /// Where the checked upload of the collect named `upload` waits for the CLI.
-    pub fn collected(&self, upload: &str) -> PathBuf {
-        self.root.join("collected").join(upload)
+    pub fn collected(&self, upload: &UploadId) -> PathBuf {
+        self.root.join("collected").join(upload.as_str())
     }
 
     /// Where the upload of the collect named `upload` keeps what arrived so far.
-    pub fn collected_partial(&self, upload: &str) -> PathBuf {
+    pub fn collected_partial(&self, upload: &UploadId) -> PathBuf {
         self.root
             .join("collected")
             .join(format!("{upload}.partial"))
@@ -135,7 +136,7 @@ impl Blobs {
     }
 
     /// Puts the checked upload of the collect named `upload` in place for the CLI.
-    pub fn settle_collected(&self, file: &Path, upload: &str) -> io::Result<()> {
+    pub fn settle_collected(&self, file: &Path, upload: &UploadId) -> io::Result<()> {
         settle(file, &self.collected(upload))
     }
 
@@ -188,7 +189,7 @@ impl Blobs {
     /// synced and renamed. On any failure nothing is left at `out`.
     pub fn take_collected(
         &self,
-        upload: &str,
+        upload: &UploadId,
         digest: &Digest,
         out: &Path,
     ) -> Result<(), ContentError> {
@@ -488,14 +489,15 @@ mod tests {
 
         // A checked upload is moved to --out, and is gone from the store.
         fs::create_dir_all(dir.join("blobs/collected")).unwrap();
-        fs::write(blobs.collected("u1"), b"hello").unwrap();
+        let u1 = UploadId::new("u1");
+        fs::write(blobs.collected(&u1), b"hello").unwrap();
         let out = dir.join("out");
-        blobs.take_collected("u1", &digest, &out).unwrap();
+        blobs.take_collected(&u1, &digest, &out).unwrap();
         assert_eq!(fs::read(&out).unwrap(), b"hello");
-        assert!(!blobs.collected("u1").exists());
+        assert!(!blobs.collected(&u1).exists());
         // One taken already (or swept) is named, and nothing lands at --out.
         let out2 = dir.join("out2");
-        let err = blobs.take_collected("u1", &digest, &out2).unwrap_err();
+        let err = blobs.take_collected(&u1, &digest, &out2).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(
@@ -507,11 +509,13 @@ mod tests {
         let shm = Path::new("/dev/shm");
         use std::os::unix::fs::MetadataExt;
         if shm.is_dir() && fs::metadata(shm).unwrap().dev() != fs::metadata(&dir).unwrap().dev() {
-            fs::write(blobs.collected("u2"), b"hello").unwrap();
+            fs::write(blobs.collected(&UploadId::new("u2")), b"hello").unwrap();
             let far = shm.join(format!("blobs-test-{}", std::process::id()));
-            blobs.take_collected("u2", &digest, &far).unwrap();
+            blobs
+                .take_collected(&UploadId::new("u2"), &digest, &far)
+                .unwrap();
             assert_eq!(fs::read(&far).unwrap(), b"hello");
-            assert!(!blobs.collected("u2").exists());
+            assert!(!blobs.collected(&UploadId::new("u2")).exists());
             fs::remove_file(&far).unwrap();
             let left = fs::read_dir(shm)
                 .unwrap()
@@ -530,7 +534,7 @@ mod tests {
         assert_eq!(fs::read_dir(dir.join("blobs/tmp")).unwrap().count(), 0);
 
         // What transfers left behind goes once untouched for the grace; whole blobs stay.
-        fs::write(blobs.collected_partial("u3"), b"hel").unwrap();
+        fs::write(blobs.collected_partial(&UploadId::new("u3")), b"hel").unwrap();
         assert!(
             (blobs
                 .remove_stale(std::time::Duration::from_secs(60))
@@ -539,7 +543,7 @@ mod tests {
             "too young"
         );
         let removed = blobs.remove_stale(std::time::Duration::ZERO).unwrap();
-        assert_eq!(removed, [blobs.collected_partial("u3")]);
+        assert_eq!(removed, [blobs.collected_partial(&UploadId::new("u3"))]);
         assert!(blobs.has(&digest));
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -29,10 +29,12 @@ pub mod dial;
 pub mod duration;
 pub mod facts;
 pub mod fsutil;
+pub mod ids;
 pub mod joinfile;
 pub mod logging;
 pub mod pin;
 pub mod protocol;
 pub mod run;
 
-pub use run_store::{Bytes, Digest};
+pub use ids::{NodeId, OpId, UploadId};
+pub use run_store::{Bytes, Digest, RunId};

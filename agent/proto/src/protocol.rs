@@ -1,8 +1,9 @@
 //! The node protocol's messages and their framing: a u32 big-endian length, then JSON, bounded.
 use crate::facts::Facts;
+use crate::ids::{NodeId, OpId, UploadId};
 use crate::joinfile::Secret;
 use crate::run::{Event, RunOptions, RunReport, RunState, Workload};
-use run_store::Digest;
+use run_store::{Digest, RunId};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -25,12 +26,12 @@ pub enum Up {
     },
     /// The first message of a session connection.
     Hello {
-        node_id: String,
+        node_id: NodeId,
     },
     /// The first message of a content connection: send the content of `digest` from byte
     /// `offset` (what the node already holds of it), as raw bytes after [`Down::Content`].
     Fetch {
-        node_id: String,
+        node_id: NodeId,
         digest: Digest,
         offset: u64,
         /// For an artifact: the one-time ticket the coordinator minted for this fetch.
@@ -42,14 +43,21 @@ pub enum Up {
     /// the rest of the `size` bytes raw, then [`Up::Sent`]; the coordinator answers
     /// [`Down::Stored`] once what it holds hashes to that digest and is in place.
     Upload {
-        node_id: String,
-        upload: String,
+        node_id: NodeId,
+        upload: UploadId,
         size: u64,
+    },
+    /// From another coordinator of the same fleet (it proves the fleet's key): the first message
+    /// of a copy of the blob `digest` into its own blob store, from `offset`, answered as a
+    /// [`Up::Fetch`] is.
+    Copy {
+        digest: Digest,
+        offset: u64,
     },
     /// From another coordinator of the same fleet (it proves the fleet's key): pass `command` to
     /// the node whose session this coordinator holds, and answer [`Down::Relayed`].
     Relay {
-        node_id: String,
+        node_id: NodeId,
         command: Command,
     },
     /// After an upload's bytes: the digest the node hashed them to, as it sent them.
@@ -62,7 +70,7 @@ pub enum Up {
     Heartbeat,
     /// The answer to a command, recorded by the agent before it was sent.
     Result {
-        op: String,
+        op: OpId,
         answer: Answer,
     },
     /// A run state change from the node's spool; the coordinator dedupes by `event.id`.
@@ -78,7 +86,7 @@ pub enum Up {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Down {
     Joined {
-        node_id: String,
+        node_id: NodeId,
     },
     /// The session is open. `generation` is its fencing token: it grows with every session, and
     /// anything stamped with an older one is refused.
@@ -94,7 +102,7 @@ pub enum Down {
     /// Work for the node, with an operation id the node records before answering, and the
     /// session's generation for fencing.
     Command {
-        op: String,
+        op: OpId,
         generation: u64,
         command: Command,
     },
@@ -136,18 +144,18 @@ pub enum Command {
     },
     Start(StartRun),
     Stop {
-        run_id: String,
+        run_id: RunId,
     },
     Status {
-        run_id: String,
+        run_id: RunId,
     },
     /// Upload a file from a run's folder to the coordinator's blob store, refused past
     /// `max_bytes` when given.
     Collect {
-        run_id: String,
+        run_id: RunId,
         path: String,
         /// The coordinator's name for this collect's upload (what a resumed try continues).
-        upload: String,
+        upload: UploadId,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_bytes: Option<u64>,
     },
@@ -184,7 +192,7 @@ impl Command {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StartRun {
-    pub run_id: String,
+    pub run_id: RunId,
     pub workload: Workload,
     /// The credential for pulling an image, in this command only: the node never records it
     /// (its record of the start leaves it out).
@@ -206,15 +214,15 @@ pub enum Reply {
         digest: Digest,
     },
     Started {
-        run_id: String,
+        run_id: RunId,
         /// The run id was already claimed: nothing new was launched (a redelivery).
         already: bool,
     },
     Stopped {
-        run_id: String,
+        run_id: RunId,
     },
     Status {
-        run_id: String,
+        run_id: RunId,
         state: RunState,
         report: RunReport,
     },

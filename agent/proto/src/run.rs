@@ -3,7 +3,7 @@
 //! One [`RunState`] goes from the node's store through the wire to the coordinator's rows and
 //! views; an [`Outcome`] is filled by whichever runtime ran the work and read by the coordinator
 //! without knowing which one did.
-use run_store::{Bytes, Digest};
+use run_store::{Bytes, Digest, RunId};
 use serde::{Deserialize, Serialize};
 
 /// Where a run is in its life. `waiting` is the coordinator's alone (no node has taken it yet).
@@ -276,7 +276,7 @@ impl RunReport {
 pub struct Event {
     /// Stable and monotonic across restarts; never reused, starting at 1.
     pub id: u64,
-    pub run_id: String,
+    pub run_id: RunId,
     pub state: RunState,
     #[serde(default)]
     pub report: RunReport,

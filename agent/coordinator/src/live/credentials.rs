@@ -3,6 +3,7 @@
 //! (nobody took it within the waiting timeout, whichever coordinator swept it). Never stored,
 //! never logged.
 use super::guarded::Guarded;
+use fleet_proto::RunId;
 use fleet_proto::run::RegistryAuth;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ pub(crate) struct Credentials {
 struct Held {
     /// Set while `serve` runs: how long a run may wait for its node. None: not serving.
     waiting_timeout: Option<Duration>,
-    by_run: HashMap<String, (RegistryAuth, Instant)>,
+    by_run: HashMap<RunId, (RegistryAuth, Instant)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,7 +46,7 @@ impl Credentials {
     /// Holds `auth` for each of `runs` until their node takes them or they can wait no longer.
     pub(crate) fn hold<'a>(
         &self,
-        runs: impl IntoIterator<Item = &'a str>,
+        runs: impl IntoIterator<Item = &'a RunId>,
         auth: &RegistryAuth,
     ) -> Result<(), CredentialRefusal> {
         let mut held = self.state.lock();
@@ -53,13 +54,13 @@ impl Credentials {
         // A margin past the waiting timeout: the sweep that fails such a run runs once a heartbeat.
         let until = Instant::now() + valid + Duration::from_secs(60);
         for run in runs {
-            held.by_run.insert(run.to_string(), (auth.clone(), until));
+            held.by_run.insert(run.clone(), (auth.clone(), until));
         }
         Ok(())
     }
 
     /// The credential to send in `run`'s start; still held until the start is answered.
-    pub(crate) fn for_start(&self, run: &str) -> Option<RegistryAuth> {
+    pub(crate) fn for_start(&self, run: &RunId) -> Option<RegistryAuth> {
         self.state
             .lock()
             .by_run
@@ -69,7 +70,7 @@ impl Credentials {
 
     /// Lets go of `run`'s credential: its node took the run, or it was never recorded. True
     /// when it was held.
-    pub(crate) fn release(&self, run: &str) -> bool {
+    pub(crate) fn release(&self, run: &RunId) -> bool {
         self.state.lock().by_run.remove(run).is_some()
     }
 
@@ -90,6 +91,10 @@ impl Credentials {
 mod tests {
     use super::*;
 
+    fn run(id: &str) -> RunId {
+        RunId::parse(id).unwrap()
+    }
+
     fn auth() -> RegistryAuth {
         serde_json::from_value(serde_json::json!({"username": "u", "password": "p"})).unwrap()
     }
@@ -99,10 +104,10 @@ mod tests {
         let credentials = Credentials::default();
         assert_eq!(credentials.can_hold(), Err(CredentialRefusal::NotServing));
         assert_eq!(
-            credentials.hold(["r-1"], &auth()),
+            credentials.hold(&[run("r-1")], &auth()),
             Err(CredentialRefusal::NotServing)
         );
-        assert_eq!(credentials.for_start("r-1"), None);
+        assert_eq!(credentials.for_start(&run("r-1")), None);
     }
 
     #[test]
@@ -110,25 +115,28 @@ mod tests {
         let credentials = Credentials::default();
         credentials.open(Duration::from_secs(600));
         credentials
-            .hold(["taken", "unrecorded", "never-taken"], &auth())
+            .hold(
+                &[run("taken"), run("unrecorded"), run("never-taken")],
+                &auth(),
+            )
             .unwrap();
         // The node takes the run: sent in its start, then let go when the start is answered.
-        assert_eq!(credentials.for_start("taken"), Some(auth()));
-        assert!(credentials.release("taken"));
+        assert_eq!(credentials.for_start(&run("taken")), Some(auth()));
+        assert!(credentials.release(&run("taken")));
         assert!(
-            !credentials.release("taken"),
+            !credentials.release(&run("taken")),
             "a second release frees nothing"
         );
-        assert_eq!(credentials.for_start("taken"), None);
+        assert_eq!(credentials.for_start(&run("taken")), None);
         // The set could not be recorded.
-        assert!(credentials.release("unrecorded"));
+        assert!(credentials.release(&run("unrecorded")));
         // Nobody takes the run: held past the waiting timeout, then let go once.
         let within = Instant::now() + Duration::from_secs(600);
         assert_eq!(credentials.expire_at(within), 0, "still takable");
         let past = Instant::now() + Duration::from_secs(3600);
         assert_eq!(credentials.expire_at(past), 1);
         assert_eq!(credentials.expire_at(past), 0);
-        assert!(!credentials.release("never-taken"));
+        assert!(!credentials.release(&run("never-taken")));
         assert!(
             credentials.state.lock().by_run.is_empty(),
             "nothing is left held"

@@ -1,6 +1,7 @@
 //! The node sessions this coordinator holds: one handle per node, the newest session's. The rest
 //! of the coordinator reaches a node through it (a call, a wake-up) and never holds it.
 use super::guarded::Guarded;
+use fleet_proto::NodeId;
 use fleet_proto::protocol::{Answer, Command};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,14 +32,14 @@ impl SessionHandle {
 
 #[derive(Default)]
 pub(crate) struct Sessions {
-    by_node: Guarded<HashMap<String, SessionHandle>>,
+    by_node: Guarded<HashMap<NodeId, SessionHandle>>,
 }
 
 /// A session's place in [`Sessions`], given up when dropped, whichever way the session ended,
 /// unless a newer session of the same node took it meanwhile.
 pub(crate) struct Registered<'a> {
     sessions: &'a Sessions,
-    node_id: String,
+    node_id: NodeId,
     generation: u64,
 }
 
@@ -53,18 +54,18 @@ impl Drop for Registered<'_> {
 
 impl Sessions {
     /// Makes `handle` the way to reach `node_id`, in place of any older session of it.
-    pub(crate) fn register(&self, node_id: &str, handle: SessionHandle) -> Registered<'_> {
+    pub(crate) fn register(&self, node_id: &NodeId, handle: SessionHandle) -> Registered<'_> {
         let generation = handle.generation;
-        self.by_node.lock().insert(node_id.to_string(), handle);
+        self.by_node.lock().insert(node_id.clone(), handle);
         Registered {
             sessions: self,
-            node_id: node_id.to_string(),
+            node_id: node_id.clone(),
             generation,
         }
     }
 
     /// Wakes the sessions held here of the nodes named; the others are not this coordinator's.
-    pub(crate) fn wake<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn wake<'a>(&self, nodes: impl IntoIterator<Item = &'a NodeId>) {
         let by_node = self.by_node.lock();
         for node in nodes {
             if let Some(session) = by_node.get(node) {
@@ -74,11 +75,11 @@ impl Sessions {
     }
 
     /// The calls channel of the node's session, when this coordinator holds it.
-    pub(crate) fn calls(&self, node_id: &str) -> Option<mpsc::Sender<NodeCall>> {
+    pub(crate) fn calls(&self, node_id: &NodeId) -> Option<mpsc::Sender<NodeCall>> {
         self.by_node.lock().get(node_id).map(|s| s.calls.clone())
     }
 
-    pub(crate) fn holds(&self, node_id: &str) -> bool {
+    pub(crate) fn holds(&self, node_id: &NodeId) -> bool {
         self.by_node.lock().contains_key(node_id)
     }
 
@@ -106,13 +107,14 @@ mod tests {
     fn an_ended_session_leaves_a_newer_one_of_its_node_in_place() {
         let sessions = Sessions::default();
         let (first, _inbox1, _) = handle(1);
-        let older = sessions.register("n-1", first);
+        let n1 = NodeId::new("n-1");
+        let older = sessions.register(&n1, first);
         let (second, _inbox2, _) = handle(2);
-        let newer = sessions.register("n-1", second);
+        let newer = sessions.register(&n1, second);
         drop(older);
-        assert!(sessions.holds("n-1"), "the newer session stays");
+        assert!(sessions.holds(&n1), "the newer session stays");
         drop(newer);
-        assert!(!sessions.holds("n-1"));
+        assert!(!sessions.holds(&n1));
         assert_eq!(sessions.count(), 0);
     }
 
@@ -120,12 +122,13 @@ mod tests {
     async fn only_the_named_nodes_held_here_are_woken() {
         let sessions = Sessions::default();
         let (one, _inbox, woken) = handle(1);
-        let _held = sessions.register("n-1", one);
-        sessions.wake(["n-2", "n-1"]);
+        let (n1, n2) = (NodeId::new("n-1"), NodeId::new("n-2"));
+        let _held = sessions.register(&n1, one);
+        sessions.wake([&n2, &n1]);
         tokio::time::timeout(std::time::Duration::from_secs(5), woken.notified())
             .await
             .expect("n-1 is woken");
-        assert!(sessions.calls("n-1").is_some());
-        assert!(sessions.calls("n-2").is_none());
+        assert!(sessions.calls(&n1).is_some());
+        assert!(sessions.calls(&n2).is_none());
     }
 }

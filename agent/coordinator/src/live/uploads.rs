@@ -1,6 +1,7 @@
 //! Collects under way: the upload name each `collect` minted, the node that may send it, and a
 //! lock held while one try is received (a resumed try waits for the cut one to finish).
 use super::guarded::Guarded;
+use fleet_proto::{NodeId, UploadId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -9,18 +10,18 @@ pub(crate) type UploadLock = Arc<tokio::sync::Mutex<()>>;
 
 #[derive(Default)]
 pub(crate) struct Uploads {
-    expected: Guarded<HashMap<String, (String, UploadLock)>>,
+    expected: Guarded<HashMap<UploadId, (NodeId, UploadLock)>>,
 }
 
 /// An upload expected from one node, for as long as this lives: dropped, whether the collect
 /// was answered, failed or cancelled, the name is no longer accepted.
 pub(crate) struct UploadExpected<'a> {
     uploads: &'a Uploads,
-    name: String,
+    name: UploadId,
 }
 
 impl UploadExpected<'_> {
-    pub(crate) fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &UploadId {
         &self.name
     }
 }
@@ -34,27 +35,28 @@ impl Drop for UploadExpected<'_> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum UploadRefusal {
     #[error("no collect under way expects upload {0} from this node; collect it again")]
-    NotExpected(String),
+    NotExpected(UploadId),
 }
 
 impl Uploads {
     /// Expects `name` from `node_id` until the returned guard is dropped.
-    pub(crate) fn expect(&self, name: &str, node_id: &str) -> UploadExpected<'_> {
-        (self.expected.lock()).insert(
-            name.to_string(),
-            (node_id.to_string(), UploadLock::default()),
-        );
+    pub(crate) fn expect(&self, name: &UploadId, node_id: &NodeId) -> UploadExpected<'_> {
+        (self.expected.lock()).insert(name.clone(), (node_id.clone(), UploadLock::default()));
         UploadExpected {
             uploads: self,
-            name: name.to_string(),
+            name: name.clone(),
         }
     }
 
     /// The lock of `name` when a collect under way expects it from `node_id`.
-    pub(crate) fn expected(&self, name: &str, node_id: &str) -> Result<UploadLock, UploadRefusal> {
+    pub(crate) fn expected(
+        &self,
+        name: &UploadId,
+        node_id: &NodeId,
+    ) -> Result<UploadLock, UploadRefusal> {
         match self.expected.lock().get(name) {
             Some((node, lock)) if node == node_id => Ok(lock.clone()),
-            _ => Err(UploadRefusal::NotExpected(name.to_string())),
+            _ => Err(UploadRefusal::NotExpected(name.clone())),
         }
     }
 }
@@ -66,16 +68,17 @@ mod tests {
     #[test]
     fn an_upload_is_expected_from_its_node_only_while_its_collect_lasts() {
         let uploads = Uploads::default();
-        let collect = uploads.expect("u1", "n-1");
-        assert!(uploads.expected("u1", "n-1").is_ok());
+        let (u1, n1, n2) = (UploadId::new("u1"), NodeId::new("n-1"), NodeId::new("n-2"));
+        let collect = uploads.expect(&u1, &n1);
+        assert!(uploads.expected(&u1, &n1).is_ok());
         assert_eq!(
-            uploads.expected("u1", "n-2").unwrap_err().to_string(),
+            uploads.expected(&u1, &n2).unwrap_err().to_string(),
             "no collect under way expects upload u1 from this node; collect it again"
         );
         drop(collect);
         assert_eq!(
-            uploads.expected("u1", "n-1").unwrap_err(),
-            UploadRefusal::NotExpected("u1".into())
+            uploads.expected(&u1, &n1).unwrap_err(),
+            UploadRefusal::NotExpected(u1)
         );
     }
 }

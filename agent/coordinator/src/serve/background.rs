@@ -68,9 +68,7 @@ async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
 /// whatever the fleet's size.
 fn wake_waiting_sessions(coordinator: &Coordinator) {
     match coordinator.store().waiting_nodes() {
-        Ok(nodes) => coordinator
-            .sessions()
-            .wake(nodes.iter().map(String::as_str)),
+        Ok(nodes) => coordinator.sessions().wake(&nodes),
         Err(e) => tracing::warn!("reading the waiting runs failed: {e}"),
     }
 }

@@ -3,13 +3,13 @@
 //! or a blob copy. Each is handled by a function of its own.
 use super::ServeConfig;
 use super::link::{self, Stopping};
-use crate::content::refuse;
+use crate::content::{Asker, refuse};
 use crate::{Coordinator, node_id, token_hash};
-use fleet_proto::Digest;
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::joinfile::Secret;
 use fleet_proto::pin::{self, CertInfo};
 use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, Up};
+use fleet_proto::{Digest, NodeId, UploadId};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
@@ -51,16 +51,9 @@ pub(super) async fn handle_tls(
         Up::Relay { node_id, command } if peer => {
             relay(coordinator, stream, &node_id, command).await
         }
-        Up::Fetch {
-            node_id,
-            digest,
-            offset,
-            ..
-        } if peer => {
+        Up::Copy { digest, offset } if peer => {
             let mut stream = stream;
-            coordinator
-                .send_content(&mut stream, &node_id, &digest, offset)
-                .await
+            (coordinator.send_content(&mut stream, Asker::Peer, &digest, offset)).await
         }
         Up::Fetch {
             node_id,
@@ -121,7 +114,7 @@ async fn join(
 async fn relay(
     coordinator: &Coordinator,
     mut stream: Tls,
-    node_id: &str,
+    node_id: &NodeId,
     command: Command,
 ) -> Result<(), String> {
     let answer = coordinator.relayed(node_id, command).await;
@@ -135,7 +128,7 @@ async fn fetch(
     coordinator: &Coordinator,
     mut stream: Tls,
     cert: &CertInfo,
-    node_id: &str,
+    node_id: &NodeId,
     digest: &Digest,
     offset: u64,
     ticket: Option<String>,
@@ -151,7 +144,7 @@ async fn fetch(
         return refuse(&mut stream, refusal.to_string()).await;
     }
     coordinator
-        .send_content(&mut stream, node_id, digest, offset)
+        .send_content(&mut stream, Asker::Node(node_id), digest, offset)
         .await
 }
 
@@ -160,8 +153,8 @@ async fn receive(
     coordinator: &Coordinator,
     mut stream: Tls,
     cert: &CertInfo,
-    node_id: &str,
-    upload: &str,
+    node_id: &NodeId,
+    upload: &UploadId,
     size: u64,
 ) -> Result<(), String> {
     known_node(coordinator, cert, node_id).await?;
@@ -185,9 +178,9 @@ fn peer_cert(stream: &Tls) -> Option<CertInfo> {
 pub(super) async fn known_node(
     coordinator: &Coordinator,
     cert: &CertInfo,
-    node_id: &str,
+    node_id: &NodeId,
 ) -> Result<(), String> {
-    let id = node_id.to_string();
+    let id = node_id.clone();
     let node = coordinator
         .with_store(move |store| store.node(&id))
         .await

@@ -12,6 +12,7 @@ use fleet_proto::fsutil::now_ms;
 use fleet_proto::pin::{CLOCK_SKEW, CertInfo};
 use fleet_proto::protocol::{self, Answer, Command, Down, StartRun, Up};
 use fleet_proto::run::Workload;
+use fleet_proto::{NodeId, OpId, RunId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,7 @@ pub(super) async fn session(
     config: &ServeConfig,
     mut stream: TlsStream<TcpStream>,
     cert: CertInfo,
-    node_id: String,
+    node_id: NodeId,
     stopping: Stopping,
 ) -> Result<(), String> {
     known_node(coordinator, &cert, &node_id).await?;
@@ -98,20 +99,20 @@ pub(super) async fn session(
 /// What an answered operation was for.
 enum Pending {
     Stage,
-    Start { run_id: String },
+    Start { run_id: RunId },
     Call(oneshot::Sender<Answer>),
 }
 
 /// One node's live session on the coordinator side.
 struct Link<'a, W> {
     coordinator: &'a Coordinator,
-    node_id: String,
+    node_id: NodeId,
     generation: u64,
     writer: W,
     lease_ms: u64,
     /// Programs sent to the node in this session.
     staged: HashSet<String>,
-    inflight: HashMap<String, Pending>,
+    inflight: HashMap<OpId, Pending>,
     next_op: u64,
 }
 
@@ -197,12 +198,12 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         result
     }
 
-    fn op_id(&mut self, kind: &str) -> String {
+    fn op_id(&mut self, kind: &str) -> OpId {
         self.next_op += 1;
-        format!("{kind}-g{}-{}", self.generation, self.next_op)
+        OpId::new(format!("{kind}-g{}-{}", self.generation, self.next_op))
     }
 
-    async fn send(&mut self, op: String, command: Command) -> Result<(), String> {
+    async fn send(&mut self, op: OpId, command: Command) -> Result<(), String> {
         let msg = Down::Command {
             op,
             generation: self.generation,
@@ -229,7 +230,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         };
         for run in waiting {
             // Stable op ids: a start redelivered in a later session is answered from the node's record.
-            let op = format!("start-{}", run.id);
+            let op = OpId::new(format!("start-{}", run.id));
             if self.inflight.contains_key(&op) {
                 continue;
             }
@@ -239,7 +240,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 let stage = Command::Stage {
                     digest: program.clone(),
                 };
-                let stage_op = format!("stage-{}", program.hex());
+                let stage_op = OpId::new(format!("stage-{}", program.hex()));
                 self.inflight.insert(stage_op.clone(), Pending::Stage);
                 self.send(stage_op, stage).await?;
             }
@@ -278,7 +279,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
 
     /// Sends `raw` as the command object of a command message, unchecked: what a coordinator of
     /// another protocol version could send (for protocol-skew testing).
-    async fn send_raw(&mut self, op: String, raw: serde_json::Value) -> Result<(), String> {
+    async fn send_raw(&mut self, op: OpId, raw: serde_json::Value) -> Result<(), String> {
         // The envelope comes from the protocol's own type; only its command object is replaced.
         let envelope = Down::Command {
             op,
@@ -364,8 +365,8 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
 
     /// A run whose registry credential is gone (the coordinator restarted before the node took
     /// it): failed with the reason, since the credential was never stored.
-    async fn fail_without_credential(&mut self, run_id: &str) -> Result<(), String> {
-        let id = run_id.to_string();
+    async fn fail_without_credential(&mut self, run_id: &RunId) -> Result<(), String> {
+        let id = run_id.clone();
         self.coordinator
             .with_store(move |store| {
                 store.fail_run(
@@ -380,7 +381,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     }
 
     /// Settles an answered operation; start answers are gathered for one transaction.
-    fn answered(&mut self, op: &str, answer: Answer, accepted: &mut Vec<(String, Option<String>)>) {
+    fn answered(&mut self, op: &OpId, answer: Answer, accepted: &mut Vec<(RunId, Option<String>)>) {
         let error = answer.as_ref().err().map(|r| r.message.clone());
         match self.inflight.remove(op) {
             Some(Pending::Start { run_id }) => {
@@ -396,7 +397,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             Some(Pending::Call(reply)) => {
                 let _ = reply.send(answer);
             }
-            None => tracing::debug!(op, "an answer to an operation not in flight"),
+            None => tracing::debug!(%op, "an answer to an operation not in flight"),
         }
     }
 }
@@ -430,7 +431,7 @@ fn parse_up(value: serde_json::Value) -> Inbound {
 /// An event whose envelope is intact (id, run) but whose content does not parse.
 fn unreadable_event(event: serde_json::Value, error: &serde_json::Error) -> Option<NodeEvent> {
     let id = event.get("id")?.as_u64()?;
-    let run_id = event.get("run_id")?.as_str()?.to_string();
+    let run_id = RunId::parse(event.get("run_id")?.as_str()?).ok()?;
     let at_ms = event
         .get("at_unix_ms")
         .and_then(|t| t.as_u64())

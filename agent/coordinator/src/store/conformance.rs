@@ -10,8 +10,17 @@ use super::{
     Applied, Backend, Beat, BootstrapFailure, Change, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow,
     SCHEMA_VERSION, Store, StoreError, TokenRecord,
 };
-use fleet_proto::Digest;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+
+use fleet_proto::{Digest, NodeId, RunId};
+
+fn rid(id: &str) -> RunId {
+    RunId::parse(id).expect("a test's run id is valid")
+}
+
+fn nid(id: &str) -> NodeId {
+    NodeId::new(id)
+}
 
 /// Hands out a fresh, blank backend per call.
 pub type Blank<'a> = &'a dyn Fn() -> Box<dyn Backend>;
@@ -105,7 +114,7 @@ pub fn token(expires_at_ms: u64) -> TokenRecord {
 fn join(store: &Store, node_id: &str, key: &str) {
     let hash = format!("hash-of-{node_id}");
     store.add_token(&hash, &token(u64::MAX), 0).unwrap();
-    let redeemed = store.redeem(&hash, key, node_id, 1, 1_000).unwrap();
+    let redeemed = store.redeem(&hash, key, &nid(node_id), 1, 1_000).unwrap();
     assert!(redeemed.is_some_and(|r| r.first), "{node_id} joins");
 }
 
@@ -116,7 +125,7 @@ fn digest(program: &[u8]) -> Digest {
 /// A new waiting run of `program`, as `create_set` takes it.
 pub fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u64) -> RunRow {
     RunRow {
-        id: id.into(),
+        id: rid(id),
         set_id: set_id.into(),
         node_id: node_id.into(),
         state: RunState::Waiting,
@@ -150,7 +159,7 @@ fn event(id: u64, run_id: &str, state: RunState) -> NodeEvent {
     };
     NodeEvent::Known(Event {
         id,
-        run_id: run_id.into(),
+        run_id: rid(run_id),
         state,
         report,
         at_unix_ms: 100 + id,
@@ -158,11 +167,15 @@ fn event(id: u64, run_id: &str, state: RunState) -> NodeEvent {
 }
 
 fn state_of(store: &Store, id: &str) -> RunState {
-    store.run(id).unwrap().expect("the run is stored").state
+    store
+        .run(&rid(id))
+        .unwrap()
+        .expect("the run is stored")
+        .state
 }
 
-fn active_ids(store: &Store) -> Vec<String> {
-    let mut ids: Vec<String> = store
+fn active_ids(store: &Store) -> Vec<RunId> {
+    let mut ids: Vec<RunId> = store
         .active_runs()
         .unwrap()
         .into_iter()
@@ -173,7 +186,7 @@ fn active_ids(store: &Store) -> Vec<String> {
 }
 
 fn final_count(store: &Store) -> u64 {
-    store.read(|tx| tx.final_count(NODE_A)).unwrap()
+    store.read(|tx| tx.final_count(&nid(NODE_A))).unwrap()
 }
 
 /// A token is spent once: a second key is refused, the same key is answered again (its answer
@@ -185,7 +198,8 @@ pub fn token_spent_once(blank: Blank) {
         store.has_waiting_token(10).unwrap(),
         "an unspent token waits"
     );
-    let Some(Redeemed { node, first }) = store.redeem("t", KEY_A, NODE_A, 10, 500).unwrap() else {
+    let Some(Redeemed { node, first }) = store.redeem("t", KEY_A, &nid(NODE_A), 10, 500).unwrap()
+    else {
         panic!("a fresh token is redeemed");
     };
     assert!(first);
@@ -201,18 +215,21 @@ pub fn token_spent_once(blank: Blank) {
         "a spent token waits no more"
     );
     assert!(
-        store.redeem("t", KEY_B, NODE_B, 20, 500).unwrap().is_none(),
+        store
+            .redeem("t", KEY_B, &nid(NODE_B), 20, 500)
+            .unwrap()
+            .is_none(),
         "another key is refused"
     );
-    assert!(store.node(NODE_B).unwrap().is_none());
-    let again = store.redeem("t", KEY_A, NODE_A, 30, 500).unwrap();
+    assert!(store.node(&nid(NODE_B)).unwrap().is_none());
+    let again = store.redeem("t", KEY_A, &nid(NODE_A), 30, 500).unwrap();
     assert!(
-        again.is_some_and(|r| !r.first && r.node.id == NODE_A),
+        again.is_some_and(|r| !r.first && r.node.id == nid(NODE_A)),
         "the same key is answered again"
     );
     assert!(
         store
-            .redeem("unknown", KEY_A, NODE_A, 30, 500)
+            .redeem("unknown", KEY_A, &nid(NODE_A), 30, 500)
             .unwrap()
             .is_none(),
         "an unknown token is refused"
@@ -228,7 +245,7 @@ pub fn failed_bootstrap_recorded_once_and_burns_its_token(blank: Blank) {
     store.add_token("spent", &token(1_000), 0).unwrap();
     assert!(
         store
-            .redeem("spent", KEY_B, NODE_B, 5, 500)
+            .redeem("spent", KEY_B, &nid(NODE_B), 5, 500)
             .unwrap()
             .is_some()
     );
@@ -253,7 +270,10 @@ pub fn failed_bootstrap_recorded_once_and_burns_its_token(blank: Blank) {
         "a failed token waits no more"
     );
     assert!(
-        store.redeem("t", KEY_A, NODE_A, 20, 500).unwrap().is_none(),
+        store
+            .redeem("t", KEY_A, &nid(NODE_A), 20, 500)
+            .unwrap()
+            .is_none(),
         "a failed token is never redeemed"
     );
     assert!(!store.fail_bootstrap("unknown", "x", 20).unwrap());
@@ -277,7 +297,7 @@ pub fn expired_token_refused_and_pruned_at_next_mint(blank: Blank) {
     store.add_token("short", &token(100), 0).unwrap();
     assert!(
         store
-            .redeem("spent", KEY_A, NODE_A, 10, 50)
+            .redeem("spent", KEY_A, &nid(NODE_A), 10, 50)
             .unwrap()
             .is_some()
     );
@@ -288,7 +308,7 @@ pub fn expired_token_refused_and_pruned_at_next_mint(blank: Blank) {
     );
     assert!(
         store
-            .redeem("short", KEY_B, NODE_B, 100, 500)
+            .redeem("short", KEY_B, &nid(NODE_B), 100, 500)
             .unwrap()
             .is_none(),
         "an expired token is refused"
@@ -311,7 +331,7 @@ pub fn expired_token_refused_and_pruned_at_next_mint(blank: Blank) {
     );
     assert!(
         store
-            .redeem("spent", KEY_A, NODE_A, 300, 500)
+            .redeem("spent", KEY_A, &nid(NODE_A), 300, 500)
             .unwrap()
             .is_some_and(|r| !r.first),
         "a spent, unexpired token still answers its key"
@@ -328,17 +348,17 @@ pub fn expired_token_refused_and_pruned_at_next_mint(blank: Blank) {
 pub fn sessions_and_heartbeats(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
-    assert_eq!(store.open_session(NODE_A, 2_000).unwrap(), 1);
-    assert_eq!(store.open_session(NODE_A, 3_000).unwrap(), 2);
-    store.heartbeat(NODE_A, 2_500, 4_000, None).unwrap();
-    let node = store.node(NODE_A).unwrap().unwrap();
+    assert_eq!(store.open_session(&nid(NODE_A), 2_000).unwrap(), 1);
+    assert_eq!(store.open_session(&nid(NODE_A), 3_000).unwrap(), 2);
+    store.heartbeat(&nid(NODE_A), 2_500, 4_000, None).unwrap();
+    let node = store.node(&nid(NODE_A)).unwrap().unwrap();
     assert_eq!(
         (node.generation, node.last_heartbeat_ms, node.lease_until_ms),
         (2, Some(2_500), 4_000)
     );
     assert!(node.facts.is_none());
     assert!(
-        store.open_session("n-unknown", 1).is_err(),
+        store.open_session(&nid("n-unknown"), 1).is_err(),
         "a session for a node that never joined"
     );
     join(&store, NODE_B, KEY_B);
@@ -354,10 +374,10 @@ pub fn sessions_and_heartbeats(blank: Blank) {
         measured_link: None,
     };
     store
-        .heartbeat(NODE_A, 2_600, 4_100, Some(facts.clone()))
+        .heartbeat(&nid(NODE_A), 2_600, 4_100, Some(facts.clone()))
         .unwrap();
-    store.heartbeat(NODE_A, 2_700, 4_200, None).unwrap();
-    let node = store.node(NODE_A).unwrap().unwrap();
+    store.heartbeat(&nid(NODE_A), 2_700, 4_200, None).unwrap();
+    let node = store.node(&nid(NODE_A)).unwrap().unwrap();
     assert_eq!(
         (node.last_heartbeat_ms, node.lease_until_ms),
         (Some(2_700), 4_200)
@@ -365,12 +385,12 @@ pub fn sessions_and_heartbeats(blank: Blank) {
     assert_eq!(node.facts, Some(facts), "a heartbeat keeps the last facts");
     assert_eq!(node.generation, 2, "a heartbeat keeps the generation");
     let listed = store.nodes().unwrap();
-    let a = listed.iter().find(|n| n.id == NODE_A).expect("listed");
+    let a = listed.iter().find(|n| n.id == nid(NODE_A)).expect("listed");
     assert_eq!(
         (a.last_heartbeat_ms, a.lease_until_ms),
         (Some(2_700), 4_200)
     );
-    let b = store.node(NODE_B).unwrap().unwrap();
+    let b = store.node(&nid(NODE_B)).unwrap().unwrap();
     assert_eq!(
         (b.last_heartbeat_ms, b.lease_until_ms),
         (None, 1_000),
@@ -384,12 +404,12 @@ pub fn events_deduped_by_id(blank: Blank) {
     join(&store, NODE_A, KEY_A);
     create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     let up_to = store
-        .apply_events(NODE_A, &[event(1, "r1", RunState::Starting)])
+        .apply_events(&nid(NODE_A), &[event(1, "r1", RunState::Starting)])
         .unwrap();
     assert_eq!(up_to, 1);
     let up_to = store
         .apply_events(
-            NODE_A,
+            &nid(NODE_A),
             &[
                 event(1, "r1", RunState::Starting),
                 event(2, "r1", RunState::Running),
@@ -398,14 +418,14 @@ pub fn events_deduped_by_id(blank: Blank) {
         .unwrap();
     assert_eq!(up_to, 2);
     let up_to = store
-        .apply_events(NODE_A, &[event(2, "r1", RunState::Running)])
+        .apply_events(&nid(NODE_A), &[event(2, "r1", RunState::Running)])
         .unwrap();
     assert_eq!(up_to, 2, "a batch of duplicates answers the same");
-    let row = store.run("r1").unwrap().unwrap();
+    let row = store.run(&rid("r1")).unwrap().unwrap();
     let ids: Vec<u64> = row.events.iter().map(|e| e.id).collect();
     assert_eq!(ids, [1, 2], "each event stored once");
     assert_eq!(row.state, RunState::Running);
-    assert_eq!(store.node(NODE_A).unwrap().unwrap().last_event_id, 2);
+    assert_eq!(store.node(&nid(NODE_A)).unwrap().unwrap().last_event_id, 2);
 }
 
 /// States only move forward: an event for an earlier state, or any after a final one, is stored
@@ -416,7 +436,7 @@ pub fn states_move_only_forward(blank: Blank) {
     create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     store
         .apply_events(
-            NODE_A,
+            &nid(NODE_A),
             &[
                 event(1, "r1", RunState::Running),
                 event(2, "r1", RunState::Starting),
@@ -425,9 +445,9 @@ pub fn states_move_only_forward(blank: Blank) {
         .unwrap();
     assert_eq!(state_of(&store, "r1"), RunState::Running, "never backward");
     store
-        .apply_events(NODE_A, &[event(3, "r1", RunState::Failed)])
+        .apply_events(&nid(NODE_A), &[event(3, "r1", RunState::Failed)])
         .unwrap();
-    let failed = store.run("r1").unwrap().unwrap();
+    let failed = store.run(&rid("r1")).unwrap().unwrap();
     assert_eq!(failed.state, RunState::Failed);
     assert_eq!(
         failed.error.as_deref(),
@@ -441,14 +461,14 @@ pub fn states_move_only_forward(blank: Blank) {
     );
     store
         .apply_events(
-            NODE_A,
+            &nid(NODE_A),
             &[
                 event(4, "r1", RunState::Running),
                 event(5, "r1", RunState::Finished),
             ],
         )
         .unwrap();
-    let row = store.run("r1").unwrap().unwrap();
+    let row = store.run(&rid("r1")).unwrap().unwrap();
     assert_eq!(row.state, RunState::Failed, "nothing follows a final state");
     assert_eq!(row.events.len(), 5, "every event is still recorded");
     assert_eq!(final_count(&store), 1, "retired once");
@@ -462,12 +482,12 @@ pub fn unreadable_event_refused(blank: Blank) {
     create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     let unreadable = NodeEvent::Unreadable {
         id: 1,
-        run_id: "r1".into(),
+        run_id: rid("r1"),
         at_ms: 50,
         reason: "unknown state `paused`".into(),
     };
-    assert_eq!(store.apply_events(NODE_A, &[unreadable]).unwrap(), 1);
-    let row = store.run("r1").unwrap().unwrap();
+    assert_eq!(store.apply_events(&nid(NODE_A), &[unreadable]).unwrap(), 1);
+    let row = store.run(&rid("r1")).unwrap().unwrap();
     assert_eq!(row.state, RunState::Waiting, "the run is unchanged");
     assert!(row.report.is_none() && row.error.is_none());
     assert_eq!(row.events.len(), 1);
@@ -486,7 +506,7 @@ pub fn events_of_another_node_ignored(blank: Blank) {
     create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     let up_to = store
         .apply_events(
-            NODE_B,
+            &nid(NODE_B),
             &[
                 event(7, "r1", RunState::Finished),
                 event(8, "r-unknown", RunState::Running),
@@ -494,16 +514,16 @@ pub fn events_of_another_node_ignored(blank: Blank) {
         )
         .unwrap();
     assert_eq!(up_to, 8);
-    let row = store.run("r1").unwrap().unwrap();
+    let row = store.run(&rid("r1")).unwrap().unwrap();
     assert_eq!(row.state, RunState::Waiting);
     assert!(row.events.is_empty());
     assert_eq!(
-        store.node(NODE_A).unwrap().unwrap().last_event_id,
+        store.node(&nid(NODE_A)).unwrap().unwrap().last_event_id,
         0,
         "ids are counted per node"
     );
     assert!(
-        store.apply_events("n-unknown", &[]).is_err(),
+        store.apply_events(&nid("n-unknown"), &[]).is_err(),
         "events from a node that never joined"
     );
 }
@@ -523,28 +543,28 @@ pub fn accept_with_error_fails_waiting_run(blank: Blank) {
         ],
     );
     store
-        .apply_events(NODE_A, &[event(1, "r3", RunState::Finished)])
+        .apply_events(&nid(NODE_A), &[event(1, "r3", RunState::Finished)])
         .unwrap();
     store
         .accept_runs(&[
-            ("r1".into(), None),
-            ("r2".into(), Some("no such program".into())),
-            ("r3".into(), Some("late refusal".into())),
-            ("r-unknown".into(), None),
+            (rid("r1"), None),
+            (rid("r2"), Some("no such program".into())),
+            (rid("r3"), Some("late refusal".into())),
+            (rid("r-unknown"), None),
         ])
         .unwrap();
-    let r1 = store.run("r1").unwrap().unwrap();
+    let r1 = store.run(&rid("r1")).unwrap().unwrap();
     assert!(r1.accepted && r1.state == RunState::Waiting && r1.error.is_none());
-    let r2 = store.run("r2").unwrap().unwrap();
+    let r2 = store.run(&rid("r2")).unwrap().unwrap();
     assert!(r2.accepted);
     assert_eq!(r2.state, RunState::Failed, "an error answer fails the run");
     assert_eq!(r2.error.as_deref(), Some("no such program"));
-    let r3 = store.run("r3").unwrap().unwrap();
+    let r3 = store.run(&rid("r3")).unwrap().unwrap();
     assert_eq!(r3.state, RunState::Finished, "a final run stays as it is");
     assert!(r3.error.is_none());
     assert_eq!(active_ids(&store), ["r1"]);
     assert_eq!(final_count(&store), 2);
-    assert!(store.waiting_runs(NODE_A).unwrap().is_empty());
+    assert!(store.waiting_runs(&nid(NODE_A)).unwrap().is_empty());
 }
 
 /// The runs waiting for a node: its own, not accepted yet, not final, oldest first (by id among
@@ -572,11 +592,13 @@ pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
             run("r-aa", "s2", NODE_A, b"q", 10),
         ],
     );
-    store.accept_runs(&[("r-c".into(), None)]).unwrap();
-    store.fail_run("r-d", RunState::Failed, "swept").unwrap();
-    let ids = |node| -> Vec<String> {
+    store.accept_runs(&[(rid("r-c"), None)]).unwrap();
+    store
+        .fail_run(&rid("r-d"), RunState::Failed, "swept")
+        .unwrap();
+    let ids = |node: &str| -> Vec<RunId> {
         store
-            .waiting_runs(node)
+            .waiting_runs(&nid(node))
             .unwrap()
             .into_iter()
             .map(|r| r.id)
@@ -605,27 +627,29 @@ pub fn fail_run_ends_only_active_runs(blank: Blank) {
         ],
     );
     store
-        .apply_events(NODE_A, &[event(1, "r2", RunState::Running)])
+        .apply_events(&nid(NODE_A), &[event(1, "r2", RunState::Running)])
         .unwrap();
-    let lost = store.fail_run("r2", RunState::Lost, "node gone").unwrap();
+    let lost = store
+        .fail_run(&rid("r2"), RunState::Lost, "node gone")
+        .unwrap();
     assert!(
         lost.is_some_and(|r| r.state == RunState::Lost && r.error.as_deref() == Some("node gone"))
     );
     let again = store
-        .fail_run("r2", RunState::Failed, "late")
+        .fail_run(&rid("r2"), RunState::Failed, "late")
         .unwrap()
         .unwrap();
     assert_eq!(again.state, RunState::Lost, "a final run stays as it is");
     assert_eq!(again.error.as_deref(), Some("node gone"));
     assert!(
         store
-            .fail_run("r-unknown", RunState::Failed, "x")
+            .fail_run(&rid("r-unknown"), RunState::Failed, "x")
             .unwrap()
             .is_none()
     );
     assert!(
         matches!(
-            store.fail_run("r1", RunState::Running, "x"),
+            store.fail_run(&rid("r1"), RunState::Running, "x"),
             Err(StoreError::Refused(_))
         ),
         "a run is failed only as failed or lost"
@@ -671,7 +695,7 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
         refused(store.create_set("s3", &[run("r1", "s3", NODE_A, b"p", 3)])),
         "an existing run"
     );
-    let s1: Vec<String> = store
+    let s1: Vec<RunId> = store
         .set_runs("s1")
         .unwrap()
         .unwrap()
@@ -714,17 +738,20 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     );
     let finish = |id: &str, event_id: u64| {
         store
-            .apply_events(NODE_A, &[event(event_id, id, RunState::Finished)])
+            .apply_events(&nid(NODE_A), &[event(event_id, id, RunState::Finished)])
             .unwrap();
     };
     finish("r1", 1);
     finish("r2", 2);
-    assert!(store.run("r1").unwrap().is_some(), "at the limit, all kept");
+    assert!(
+        store.run(&rid("r1")).unwrap().is_some(),
+        "at the limit, all kept"
+    );
     assert_eq!(final_count(&store), 2);
 
     finish("r4", 3);
     assert!(
-        store.run("r1").unwrap().is_none(),
+        store.run(&rid("r1")).unwrap().is_none(),
         "the oldest final run is pruned"
     );
     assert!(
@@ -734,9 +761,11 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     assert!(refs(&store, &p1) == 0, "its program, now unused, too");
     assert_eq!(final_count(&store), 2);
 
-    store.fail_run("r3", RunState::Failed, "swept").unwrap();
-    assert!(store.run("r2").unwrap().is_none());
-    let s2: Vec<String> = store
+    store
+        .fail_run(&rid("r3"), RunState::Failed, "swept")
+        .unwrap();
+    assert!(store.run(&rid("r2")).unwrap().is_none());
+    let s2: Vec<RunId> = store
         .set_runs("s2")
         .unwrap()
         .expect("a set with a kept run stays")
@@ -747,7 +776,7 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     assert!(refs(&store, &p2) > 0, "a program a kept run uses stays");
 
     finish("r5", 4);
-    assert!(store.run("r4").unwrap().is_none());
+    assert!(store.run(&rid("r4")).unwrap().is_none());
     assert_eq!(
         store.set_runs("s3").unwrap().map(|runs| runs.len()),
         Some(1)
@@ -765,7 +794,9 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
         ],
     );
     finish("r6", 5);
-    store.fail_run("r3", RunState::Failed, "again").unwrap();
+    store
+        .fail_run(&rid("r3"), RunState::Failed, "again")
+        .unwrap();
     assert!(store.set_runs("s2").unwrap().is_none(), "s2 pruned with r3");
     assert!(refs(&store, &p2) == 0, "p2 pruned with r3");
     create(
@@ -776,9 +807,9 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
             run("r9", "s5", NODE_A, b"p2", 9),
         ],
     );
-    store.fail_run("r8", RunState::Lost, "gone").unwrap();
-    store.fail_run("r9", RunState::Lost, "gone").unwrap();
-    assert!(store.run("r6").unwrap().is_none(), "r6 pruned");
+    store.fail_run(&rid("r8"), RunState::Lost, "gone").unwrap();
+    store.fail_run(&rid("r9"), RunState::Lost, "gone").unwrap();
+    assert!(store.run(&rid("r6")).unwrap().is_none(), "r6 pruned");
     assert!(refs(&store, &p1) > 0, "r7 (waiting) still uses p1");
     assert_eq!(active_ids(&store), ["r7"]);
     assert_eq!(store.read(|tx| tx.program_refs(&p1)).unwrap(), 1);
@@ -839,19 +870,25 @@ pub fn retention_is_per_node(blank: Blank) {
     runs.extend((1..=4).map(|n| run(&format!("a{n}"), "s1", NODE_A, b"p", n)));
     create(&store, "s1", &runs);
     store
-        .apply_events(NODE_B, &[event(1, "b1", RunState::Finished)])
+        .apply_events(&nid(NODE_B), &[event(1, "b1", RunState::Finished)])
         .unwrap();
     for n in 1..=4 {
         store
-            .apply_events(NODE_A, &[event(n, &format!("a{n}"), RunState::Finished)])
+            .apply_events(
+                &nid(NODE_A),
+                &[event(n, &format!("a{n}"), RunState::Finished)],
+            )
             .unwrap();
     }
-    assert!(store.run("b1").unwrap().is_some(), "B's only run is kept");
-    assert!(store.run("a1").unwrap().is_none() && store.run("a2").unwrap().is_none());
-    assert!(store.run("a3").unwrap().is_some() && store.run("a4").unwrap().is_some());
+    assert!(
+        store.run(&rid("b1")).unwrap().is_some(),
+        "B's only run is kept"
+    );
+    assert!(store.run(&rid("a1")).unwrap().is_none() && store.run(&rid("a2")).unwrap().is_none());
+    assert!(store.run(&rid("a3")).unwrap().is_some() && store.run(&rid("a4")).unwrap().is_some());
     assert_eq!(final_count(&store), 2);
-    assert_eq!(store.read(|tx| tx.final_count(NODE_B)).unwrap(), 1);
-    let mut kept: Vec<String> = (store.set_runs("s1").unwrap().expect("the set stays"))
+    assert_eq!(store.read(|tx| tx.final_count(&nid(NODE_B))).unwrap(), 1);
+    let mut kept: Vec<RunId> = (store.set_runs("s1").unwrap().expect("the set stays"))
         .into_iter()
         .map(|r| r.id)
         .collect();
@@ -881,25 +918,27 @@ pub fn waiting_index_follows_the_runs(blank: Blank) {
         nodes
     };
     let indexed = |node: &str| {
-        let mut ids = store.read(|tx| tx.waiting(node)).unwrap();
+        let mut ids = store.read(|tx| tx.waiting(&nid(node))).unwrap();
         ids.sort();
         ids
     };
     assert_eq!(nodes(&store), [NODE_A, NODE_B]);
     assert_eq!(indexed(NODE_A), ["r1", "r2", "r3"]);
-    store.accept_runs(&[("r1".into(), None)]).unwrap();
+    store.accept_runs(&[(rid("r1"), None)]).unwrap();
     store
-        .apply_events(NODE_A, &[event(1, "r2", RunState::Running)])
+        .apply_events(&nid(NODE_A), &[event(1, "r2", RunState::Running)])
         .unwrap();
     assert!(
-        store.run("r2").unwrap().unwrap().accepted,
+        store.run(&rid("r2")).unwrap().unwrap().accepted,
         "an event takes the run"
     );
-    store.fail_run("r3", RunState::Failed, "swept").unwrap();
+    store
+        .fail_run(&rid("r3"), RunState::Failed, "swept")
+        .unwrap();
     assert!(indexed(NODE_A).is_empty());
     assert_eq!(nodes(&store), [NODE_B], "only B still has runs waiting");
     assert_eq!(indexed(NODE_B), ["r4"]);
-    store.accept_runs(&[("r4".into(), None)]).unwrap();
+    store.accept_runs(&[(rid("r4"), None)]).unwrap();
     assert!(nodes(&store).is_empty());
     assert_eq!(
         active_ids(&store),
@@ -933,7 +972,7 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
             lease_until_ms: 5_000,
             at: Some("coordinator-2:18426".into()),
         },
-        Change::Accept(vec![("r1".into(), None), ("r2".into(), None)]),
+        Change::Accept(vec![(rid("r1"), None), (rid("r2"), None)]),
         Change::Events {
             node_id: NODE_A.into(),
             events: vec![event(1, "r1", RunState::Finished)],
@@ -962,18 +1001,18 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
     assert_eq!(answers[5].as_ref().ok(), Some(&Applied::EventsUpTo(4)));
     assert_eq!(state_of(&store, "r1"), RunState::Finished);
     assert_eq!(state_of(&store, "r2"), RunState::Running);
-    let a = store.node(NODE_A).unwrap().unwrap();
+    let a = store.node(&nid(NODE_A)).unwrap().unwrap();
     assert_eq!(
         a.session_at.as_deref(),
         Some("coordinator-2:18426"),
         "the coordinator holding the session"
     );
-    let b = store.node(NODE_B).unwrap().unwrap();
+    let b = store.node(&nid(NODE_B)).unwrap().unwrap();
     assert_eq!(
         (b.last_heartbeat_ms, b.lease_until_ms),
         (Some(7_000), 8_000)
     );
-    assert!(store.node("n-never-joined").unwrap().is_none());
+    assert!(store.node(&nid("n-never-joined")).unwrap().is_none());
     let again = store.apply(&changes[..3]);
     assert_eq!(again[0].as_ref().ok(), Some(&Applied::Generation(2)));
     assert_eq!(

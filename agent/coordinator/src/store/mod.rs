@@ -17,6 +17,7 @@
 //! Tokens are kept only as hashes.
 use fleet_proto::facts::Facts;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+use fleet_proto::{NodeId, RunId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -47,7 +48,7 @@ pub const SCHEMA_VERSION: u64 = 2;
 /// A heartbeat as written: when it came, and until when it holds the node's lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Beat {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub at_ms: u64,
     pub lease_until_ms: u64,
 }
@@ -75,7 +76,7 @@ pub struct BootstrapFailure {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeRecord {
-    pub id: String,
+    pub id: NodeId,
     pub public_key: String,
     pub name: Option<String>,
     #[serde(default)]
@@ -100,9 +101,9 @@ pub struct NodeRecord {
 /// One run on one node, as the coordinator records it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRow {
-    pub id: String,
+    pub id: RunId,
     pub set_id: String,
-    pub node_id: String,
+    pub node_id: NodeId,
     pub state: RunState,
     pub workload: Workload,
     /// The image's pull needs the registry credential the serving coordinator holds in memory.
@@ -161,7 +162,7 @@ pub enum NodeEvent {
     Known(Event),
     Unreadable {
         id: u64,
-        run_id: String,
+        run_id: RunId,
         at_ms: u64,
         reason: String,
     },
@@ -175,7 +176,7 @@ impl NodeEvent {
         }
     }
 
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> &RunId {
         match self {
             NodeEvent::Known(e) => &e.run_id,
             NodeEvent::Unreadable { run_id, .. } => run_id,
@@ -248,6 +249,12 @@ impl StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// A run id as a backend read it back from an index: written valid, so one that is not is a
+/// corrupt record.
+pub(crate) fn stored_run_id(text: &str) -> StoreResult<RunId> {
+    RunId::parse(text).map_err(|_| StoreError::Corrupt(format!("the run id {text:?}")))
+}
+
 /// What a backend finds where its store should be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
@@ -298,23 +305,23 @@ pub trait ReadTx {
     fn token(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
     /// Every token with its hash, in any order.
     fn tokens(&self) -> StoreResult<Vec<(String, TokenRecord)>>;
-    fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>>;
+    fn node(&self, id: &NodeId) -> StoreResult<Option<NodeRecord>>;
     /// Every node, in any order.
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
     /// Program digest -> its bytes.
     /// How many references stored runs hold on the content (0 when unknown).
     fn program_refs(&self, digest: &str) -> StoreResult<u64>;
-    fn run(&self, id: &str) -> StoreResult<Option<RunRow>>;
+    fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>>;
     /// Set id -> the ids of its runs, in the order they were created.
-    fn set(&self, id: &str) -> StoreResult<Option<Vec<String>>>;
+    fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>>;
     /// The ids of the runs in the active index, for one node or for all, in any order.
-    fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>>;
+    fn active(&self, node_id: Option<&NodeId>) -> StoreResult<Vec<RunId>>;
     /// The ids of the runs in the waiting index of one node (read by that index), in any order.
-    fn waiting(&self, node_id: &str) -> StoreResult<Vec<String>>;
+    fn waiting(&self, node_id: &NodeId) -> StoreResult<Vec<RunId>>;
     /// The nodes with at least one run in the waiting index, each once.
-    fn waiting_nodes(&self) -> StoreResult<Vec<String>>;
+    fn waiting_nodes(&self) -> StoreResult<Vec<NodeId>>;
     /// How many runs the node's retention order holds.
-    fn final_count(&self, node_id: &str) -> StoreResult<u64>;
+    fn final_count(&self, node_id: &NodeId) -> StoreResult<u64>;
     /// Every coordinator that serves this store, by advertised address, with when it last said so.
     fn coordinators(&self) -> StoreResult<Vec<(String, u64)>>;
 }
@@ -329,24 +336,24 @@ pub trait WriteTx: ReadTx {
     /// Writes only the heartbeat and lease of each known node (an unknown one is skipped).
     fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()>;
     /// Records the highest event id stored from the node (read back in its record).
-    fn set_last_event_id(&mut self, node_id: &str, id: u64) -> StoreResult<()>;
+    fn set_last_event_id(&mut self, node_id: &NodeId, id: u64) -> StoreResult<()>;
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()>;
     /// Removes the content's reference count.
     fn remove_program(&mut self, digest: &str) -> StoreResult<()>;
     fn put_run(&mut self, run: &RunRow) -> StoreResult<()>;
-    fn remove_run(&mut self, id: &str) -> StoreResult<()>;
-    fn put_set(&mut self, id: &str, run_ids: &[String]) -> StoreResult<()>;
+    fn remove_run(&mut self, id: &RunId) -> StoreResult<()>;
+    fn put_set(&mut self, id: &str, run_ids: &[RunId]) -> StoreResult<()>;
     fn remove_set(&mut self, id: &str) -> StoreResult<()>;
     /// Adds a run to the active index under its node.
-    fn put_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
-    fn remove_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    fn put_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()>;
+    fn remove_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()>;
     /// Adds a run to its node's waiting index.
-    fn put_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
-    fn remove_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    fn put_waiting(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()>;
+    fn remove_waiting(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()>;
     /// Appends a run to its node's retention order (after every run appended before).
-    fn push_final(&mut self, run_id: &str, node_id: &str) -> StoreResult<()>;
+    fn push_final(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()>;
     /// Takes the node's oldest run out of its retention order.
-    fn pop_final(&mut self, node_id: &str) -> StoreResult<Option<String>>;
+    fn pop_final(&mut self, node_id: &NodeId) -> StoreResult<Option<RunId>>;
     /// Records that the coordinator at `address` serves this store, at `seen_ms`.
     fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()>;
 }

@@ -8,8 +8,9 @@
 //! small pool. Every call blocks: async code reaches the store through `spawn_blocking`.
 use super::{
     Backend, Beat, Layout, NodeRecord, ReadTx, RunRow, SCHEMA_VERSION, StoreError, StoreResult,
-    TokenRecord, WriteTx,
+    TokenRecord, WriteTx, stored_run_id,
 };
+use fleet_proto::{NodeId, RunId};
 use postgres::config::Host;
 use postgres::error::SqlState;
 use postgres::types::{Json, ToSql};
@@ -634,7 +635,8 @@ impl ReadTx for PgTx<'_> {
             .collect()
     }
 
-    fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
+    fn node(&self, id: &NodeId) -> StoreResult<Option<NodeRecord>> {
+        let id = id.as_str();
         let row = self.query_opt(
             "SELECT n.id, n.record, n.last_heartbeat_ms, n.lease_until_ms, m.last_event_id
              FROM nodes n LEFT JOIN event_marks m ON m.node_id = n.id WHERE n.id = $1",
@@ -660,43 +662,52 @@ impl ReadTx for PgTx<'_> {
         Ok(row.map_or(0, |row| count(row.get(0))))
     }
 
-    fn run(&self, id: &str) -> StoreResult<Option<RunRow>> {
-        self.record("SELECT record FROM runs WHERE id = $1", id)
+    fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>> {
+        self.record("SELECT record FROM runs WHERE id = $1", id.as_str())
     }
 
-    fn set(&self, id: &str) -> StoreResult<Option<Vec<String>>> {
+    fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>> {
         let row = self.query_opt("SELECT run_ids FROM sets WHERE id = $1", &[&id])?;
-        Ok(row.map(|row| row.get(0)))
+        let ids = |row: Row| {
+            row.get::<_, Vec<&str>>(0)
+                .into_iter()
+                .map(stored_run_id)
+                .collect()
+        };
+        row.map(ids).transpose()
     }
 
-    fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>> {
+    fn active(&self, node_id: Option<&NodeId>) -> StoreResult<Vec<RunId>> {
         let rows = match node_id {
             Some(node) => self.query(
                 "SELECT run_id FROM active_runs WHERE node_id = $1",
-                &[&node],
+                &[&node.as_str()],
             )?,
             None => self.query("SELECT run_id FROM active_runs", &[])?,
         };
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        run_ids(&rows)
     }
 
-    fn waiting(&self, node_id: &str) -> StoreResult<Vec<String>> {
+    fn waiting(&self, node_id: &NodeId) -> StoreResult<Vec<RunId>> {
         let rows = self.query(
             "SELECT run_id FROM waiting_runs WHERE node_id = $1",
-            &[&node_id],
+            &[&node_id.as_str()],
         )?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        run_ids(&rows)
     }
 
-    fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
+    fn waiting_nodes(&self) -> StoreResult<Vec<NodeId>> {
         let rows = self.query("SELECT DISTINCT node_id FROM waiting_runs", &[])?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        Ok(rows
+            .iter()
+            .map(|row| NodeId::new(row.get::<_, String>(0)))
+            .collect())
     }
 
-    fn final_count(&self, node_id: &str) -> StoreResult<u64> {
+    fn final_count(&self, node_id: &NodeId) -> StoreResult<u64> {
         let row = self.query_opt(
             "SELECT count(*) FROM final_runs WHERE node_id = $1",
-            &[&node_id],
+            &[&node_id.as_str()],
         )?;
         Ok(row.map_or(0, |row| count(row.get(0))))
     }
@@ -708,6 +719,11 @@ impl ReadTx for PgTx<'_> {
             .map(|row| (row.get(0), count(row.get(1))))
             .collect())
     }
+}
+
+/// The run ids in the first column of each row.
+fn run_ids(rows: &[Row]) -> StoreResult<Vec<RunId>> {
+    rows.iter().map(|row| stored_run_id(row.get(0))).collect()
 }
 
 /// A node's record with its heartbeat and lease from their own columns.
@@ -745,15 +761,20 @@ impl WriteTx for PgTx<'_> {
              ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record,
                  last_heartbeat_ms = GREATEST(nodes.last_heartbeat_ms, EXCLUDED.last_heartbeat_ms),
                  lease_until_ms = GREATEST(nodes.lease_until_ms, EXCLUDED.lease_until_ms)",
-            &[&node.id, &json(node), &heard, &bigint(node.lease_until_ms)?],
+            &[
+                &node.id.as_str(),
+                &json(node),
+                &heard,
+                &bigint(node.lease_until_ms)?,
+            ],
         )
     }
 
-    fn set_last_event_id(&mut self, node_id: &str, id: u64) -> StoreResult<()> {
+    fn set_last_event_id(&mut self, node_id: &NodeId, id: u64) -> StoreResult<()> {
         self.execute(
             "INSERT INTO event_marks (node_id, last_event_id) VALUES ($1, $2)
              ON CONFLICT (node_id) DO UPDATE SET last_event_id = EXCLUDED.last_event_id",
-            &[&node_id, &bigint(id)?],
+            &[&node_id.as_str(), &bigint(id)?],
         )
     }
 
@@ -791,15 +812,16 @@ impl WriteTx for PgTx<'_> {
         self.execute(
             "INSERT INTO runs (id, node_id, record) VALUES ($1, $2, $3)
              ON CONFLICT (id) DO UPDATE SET node_id = EXCLUDED.node_id, record = EXCLUDED.record",
-            &[&run.id, &run.node_id, &json(run)],
+            &[&run.id.as_str(), &run.node_id.as_str(), &json(run)],
         )
     }
 
-    fn remove_run(&mut self, id: &str) -> StoreResult<()> {
-        self.execute("DELETE FROM runs WHERE id = $1", &[&id])
+    fn remove_run(&mut self, id: &RunId) -> StoreResult<()> {
+        self.execute("DELETE FROM runs WHERE id = $1", &[&id.as_str()])
     }
 
-    fn put_set(&mut self, id: &str, run_ids: &[String]) -> StoreResult<()> {
+    fn put_set(&mut self, id: &str, run_ids: &[RunId]) -> StoreResult<()> {
+        let run_ids: Vec<&str> = run_ids.iter().map(RunId::as_str).collect();
         self.execute(
             "INSERT INTO sets (id, run_ids) VALUES ($1, $2)
              ON CONFLICT (id) DO UPDATE SET run_ids = EXCLUDED.run_ids",
@@ -811,37 +833,40 @@ impl WriteTx for PgTx<'_> {
         self.execute("DELETE FROM sets WHERE id = $1", &[&id])
     }
 
-    fn put_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+    fn put_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
         self.execute(
             "INSERT INTO active_runs (run_id, node_id) VALUES ($1, $2)
              ON CONFLICT (run_id) DO UPDATE SET node_id = EXCLUDED.node_id",
-            &[&run_id, &node_id],
+            &[&run_id.as_str(), &node_id.as_str()],
         )
     }
 
-    fn remove_active(&mut self, run_id: &str, _node_id: &str) -> StoreResult<()> {
-        self.execute("DELETE FROM active_runs WHERE run_id = $1", &[&run_id])
+    fn remove_active(&mut self, run_id: &RunId, _node_id: &NodeId) -> StoreResult<()> {
+        self.execute(
+            "DELETE FROM active_runs WHERE run_id = $1",
+            &[&run_id.as_str()],
+        )
     }
 
-    fn put_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+    fn put_waiting(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
         self.announce.set(true);
         self.execute(
             "INSERT INTO waiting_runs (node_id, run_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-            &[&node_id, &run_id],
+            &[&node_id.as_str(), &run_id.as_str()],
         )
     }
 
-    fn remove_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+    fn remove_waiting(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
         self.execute(
             "DELETE FROM waiting_runs WHERE node_id = $1 AND run_id = $2",
-            &[&node_id, &run_id],
+            &[&node_id.as_str(), &run_id.as_str()],
         )
     }
 
-    fn push_final(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+    fn push_final(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
         self.execute(
             "INSERT INTO final_runs (run_id, node_id) VALUES ($1, $2)",
-            &[&run_id, &node_id],
+            &[&run_id.as_str(), &node_id.as_str()],
         )
     }
 
@@ -853,14 +878,14 @@ impl WriteTx for PgTx<'_> {
         )
     }
 
-    fn pop_final(&mut self, node_id: &str) -> StoreResult<Option<String>> {
+    fn pop_final(&mut self, node_id: &NodeId) -> StoreResult<Option<RunId>> {
         let row = self.query_opt(
             "DELETE FROM final_runs
              WHERE seq = (SELECT min(seq) FROM final_runs WHERE node_id = $1)
              RETURNING run_id",
-            &[&node_id],
+            &[&node_id.as_str()],
         )?;
-        Ok(row.map(|row| row.get(0)))
+        row.map(|row| stored_run_id(row.get(0))).transpose()
     }
 }
 

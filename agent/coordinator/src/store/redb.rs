@@ -1,8 +1,9 @@
 //! The embedded backend: one redb file, one table per record kind, records as JSON.
 use super::{
     Backend, Beat, Layout, NodeRecord, ReadTx, RunRow, StoreError, StoreResult, TokenRecord,
-    WriteTx,
+    WriteTx, stored_run_id,
 };
+use fleet_proto::{NodeId, RunId};
 use redb::{Database, ReadableTable, TableDefinition, TableHandle};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -140,7 +141,7 @@ impl Backend for RedbBackend {
             .map_err(fail)?
         {
             let (run, node) = entry.map_err(fail)?;
-            active.push((run.value().to_string(), node.value().to_string()));
+            active.push((stored_run_id(run.value())?, NodeId::new(node.value())));
         }
         let mut ended = Vec::new();
         for entry in tx
@@ -150,7 +151,7 @@ impl Backend for RedbBackend {
             .iter()
             .map_err(fail)?
         {
-            ended.push(entry.map_err(fail)?.1.value().to_string());
+            ended.push(stored_run_id(entry.map_err(fail)?.1.value())?);
         }
         for (run_id, node_id) in &active {
             tx.put_active(run_id, node_id)?;
@@ -165,7 +166,7 @@ impl Backend for RedbBackend {
         }
         let nodes = all_json::<NodeRecord>(&tx.tx.open_table(NODES).map_err(fail)?)?;
         for (id, node) in nodes {
-            tx.set_last_event_id(&id, node.last_event_id)?;
+            tx.set_last_event_id(&node.id, node.last_event_id)?;
             let lease = (node.last_heartbeat_ms, node.lease_until_ms);
             tx.tx
                 .open_table(LEASES)
@@ -257,10 +258,10 @@ macro_rules! reads {
                 all_json(&self.tx.open_table(TOKENS).map_err(fail)?)
             }
 
-            fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
+            fn node(&self, id: &NodeId) -> StoreResult<Option<NodeRecord>> {
                 let leases = self.tx.open_table(LEASES).map_err(fail)?;
                 let marks = self.tx.open_table(EVENT_MARKS).map_err(fail)?;
-                let node = get_json(&self.tx.open_table(NODES).map_err(fail)?, id)?;
+                let node = get_json(&self.tx.open_table(NODES).map_err(fail)?, id.as_str())?;
                 node.map(|node| with_lease(&leases, &marks, node))
                     .transpose()
             }
@@ -280,48 +281,51 @@ macro_rules! reads {
                 Ok(refs.get(digest).map_err(fail)?.map_or(0, |v| v.value()))
             }
 
-            fn run(&self, id: &str) -> StoreResult<Option<RunRow>> {
-                get_json(&self.tx.open_table(RUNS).map_err(fail)?, id)
+            fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>> {
+                get_json(&self.tx.open_table(RUNS).map_err(fail)?, id.as_str())
             }
 
-            fn set(&self, id: &str) -> StoreResult<Option<Vec<String>>> {
+            fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>> {
                 get_json(&self.tx.open_table(SETS).map_err(fail)?, id)
             }
 
-            fn active(&self, node_id: Option<&str>) -> StoreResult<Vec<String>> {
+            fn active(&self, node_id: Option<&NodeId>) -> StoreResult<Vec<RunId>> {
                 let active = self.tx.open_table(ACTIVE).map_err(fail)?;
                 match node_id {
                     Some(node) => runs_under(&active, node),
                     None => {
                         let mut out = Vec::new();
                         for entry in active.iter().map_err(fail)? {
-                            out.push(entry.map_err(fail)?.0.value().1.to_string());
+                            out.push(stored_run_id(entry.map_err(fail)?.0.value().1)?);
                         }
                         Ok(out)
                     }
                 }
             }
 
-            fn waiting(&self, node_id: &str) -> StoreResult<Vec<String>> {
+            fn waiting(&self, node_id: &NodeId) -> StoreResult<Vec<RunId>> {
                 runs_under(&self.tx.open_table(WAITING).map_err(fail)?, node_id)
             }
 
-            fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
+            fn waiting_nodes(&self) -> StoreResult<Vec<NodeId>> {
                 let waiting = self.tx.open_table(WAITING).map_err(fail)?;
-                let mut out: Vec<String> = Vec::new();
+                let mut out: Vec<NodeId> = Vec::new();
                 for entry in waiting.iter().map_err(fail)? {
                     let (key, _) = entry.map_err(fail)?;
                     let node = key.value().0;
-                    if out.last().is_none_or(|last| last != node) {
-                        out.push(node.to_string());
+                    if out.last().is_none_or(|last| last.as_str() != node) {
+                        out.push(NodeId::new(node));
                     }
                 }
                 Ok(out)
             }
 
-            fn final_count(&self, node_id: &str) -> StoreResult<u64> {
+            fn final_count(&self, node_id: &NodeId) -> StoreResult<u64> {
                 let counts = self.tx.open_table(FINAL_COUNTS).map_err(fail)?;
-                Ok(counts.get(node_id).map_err(fail)?.map_or(0, |v| v.value()))
+                Ok(counts
+                    .get(node_id.as_str())
+                    .map_err(fail)?
+                    .map_or(0, |v| v.value()))
             }
 
             fn coordinators(&self) -> StoreResult<Vec<(String, u64)>> {
@@ -357,19 +361,24 @@ fn with_lease(
     Ok(node)
 }
 
+/// A run's key in an index keyed by (node id, run id).
+fn index_key<'a>(run_id: &'a RunId, node_id: &'a NodeId) -> (&'a str, &'a str) {
+    (node_id.as_str(), run_id.as_str())
+}
+
 /// The run ids under one node in an index keyed by (node id, run id), read by that key.
 fn runs_under(
     index: &impl ReadableTable<(&'static str, &'static str), ()>,
-    node_id: &str,
-) -> StoreResult<Vec<String>> {
+    node_id: &NodeId,
+) -> StoreResult<Vec<RunId>> {
     let mut out = Vec::new();
-    for entry in index.range((node_id, "")..).map_err(fail)? {
+    for entry in index.range((node_id.as_str(), "")..).map_err(fail)? {
         let (key, _) = entry.map_err(fail)?;
         let (node, run) = key.value();
-        if node != node_id {
+        if node != node_id.as_str() {
             break;
         }
-        out.push(run.to_string());
+        out.push(stored_run_id(run)?);
     }
     Ok(out)
 }
@@ -401,9 +410,9 @@ impl WriteTx for RedbWrite {
             .map(drop)
     }
 
-    fn set_last_event_id(&mut self, node_id: &str, id: u64) -> StoreResult<()> {
+    fn set_last_event_id(&mut self, node_id: &NodeId, id: u64) -> StoreResult<()> {
         let mut marks = self.tx.open_table(EVENT_MARKS).map_err(fail)?;
-        marks.insert(node_id, id).map_err(fail).map(drop)
+        marks.insert(node_id.as_str(), id).map_err(fail).map(drop)
     }
 
     fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()> {
@@ -435,12 +444,12 @@ impl WriteTx for RedbWrite {
             .map(drop)
     }
 
-    fn remove_run(&mut self, id: &str) -> StoreResult<()> {
+    fn remove_run(&mut self, id: &RunId) -> StoreResult<()> {
         let mut runs = self.tx.open_table(RUNS).map_err(fail)?;
-        runs.remove(id).map_err(fail).map(drop)
+        runs.remove(id.as_str()).map_err(fail).map(drop)
     }
 
-    fn put_set(&mut self, id: &str, run_ids: &[String]) -> StoreResult<()> {
+    fn put_set(&mut self, id: &str, run_ids: &[RunId]) -> StoreResult<()> {
         let mut sets = self.tx.open_table(SETS).map_err(fail)?;
         sets.insert(id, encode(&run_ids).as_slice())
             .map_err(fail)
@@ -452,30 +461,39 @@ impl WriteTx for RedbWrite {
         sets.remove(id).map_err(fail).map(drop)
     }
 
-    fn put_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+    fn put_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
         let mut active = self.tx.open_table(ACTIVE).map_err(fail)?;
-        active.insert((node_id, run_id), ()).map_err(fail).map(drop)
-    }
-
-    fn remove_active(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
-        let mut active = self.tx.open_table(ACTIVE).map_err(fail)?;
-        active.remove((node_id, run_id)).map_err(fail).map(drop)
-    }
-
-    fn put_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
-        let mut waiting = self.tx.open_table(WAITING).map_err(fail)?;
-        waiting
-            .insert((node_id, run_id), ())
+        active
+            .insert(index_key(run_id, node_id), ())
             .map_err(fail)
             .map(drop)
     }
 
-    fn remove_waiting(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
-        let mut waiting = self.tx.open_table(WAITING).map_err(fail)?;
-        waiting.remove((node_id, run_id)).map_err(fail).map(drop)
+    fn remove_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
+        let mut active = self.tx.open_table(ACTIVE).map_err(fail)?;
+        active
+            .remove(index_key(run_id, node_id))
+            .map_err(fail)
+            .map(drop)
     }
 
-    fn push_final(&mut self, run_id: &str, node_id: &str) -> StoreResult<()> {
+    fn put_waiting(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
+        let mut waiting = self.tx.open_table(WAITING).map_err(fail)?;
+        waiting
+            .insert(index_key(run_id, node_id), ())
+            .map_err(fail)
+            .map(drop)
+    }
+
+    fn remove_waiting(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
+        let mut waiting = self.tx.open_table(WAITING).map_err(fail)?;
+        waiting
+            .remove(index_key(run_id, node_id))
+            .map_err(fail)
+            .map(drop)
+    }
+
+    fn push_final(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
         let mut meta = self.tx.open_table(META).map_err(fail)?;
         let seq = meta
             .get(FINAL_SEQ_KEY)
@@ -484,15 +502,16 @@ impl WriteTx for RedbWrite {
             + 1;
         meta.insert(FINAL_SEQ_KEY, seq).map_err(fail)?;
         let mut order = self.tx.open_table(FINAL).map_err(fail)?;
-        order.insert((node_id, seq), run_id).map_err(fail)?;
+        (order.insert((node_id.as_str(), seq), run_id.as_str())).map_err(fail)?;
         drop((meta, order));
         self.add_final_count(node_id, 1)
     }
 
-    fn pop_final(&mut self, node_id: &str) -> StoreResult<Option<String>> {
+    fn pop_final(&mut self, node_id: &NodeId) -> StoreResult<Option<RunId>> {
+        let node = node_id.as_str();
         let mut order = self.tx.open_table(FINAL).map_err(fail)?;
         let oldest = order
-            .range((node_id, 0)..=(node_id, u64::MAX))
+            .range((node, 0)..=(node, u64::MAX))
             .map_err(fail)?
             .next()
             .transpose()
@@ -501,10 +520,10 @@ impl WriteTx for RedbWrite {
         let Some((seq, run_id)) = oldest else {
             return Ok(None);
         };
-        order.remove((node_id, seq)).map_err(fail)?;
+        order.remove((node, seq)).map_err(fail)?;
         drop(order);
         self.add_final_count(node_id, -1)?;
-        Ok(Some(run_id))
+        stored_run_id(&run_id).map(Some)
     }
 
     fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()> {
@@ -514,12 +533,13 @@ impl WriteTx for RedbWrite {
 }
 
 impl RedbWrite {
-    fn add_final_count(&mut self, node_id: &str, by: i64) -> StoreResult<()> {
+    fn add_final_count(&mut self, node_id: &NodeId, by: i64) -> StoreResult<()> {
+        let node = node_id.as_str();
         let mut counts = self.tx.open_table(FINAL_COUNTS).map_err(fail)?;
-        let count = counts.get(node_id).map_err(fail)?.map_or(0, |v| v.value());
+        let count = counts.get(node).map_err(fail)?.map_or(0, |v| v.value());
         match count.saturating_add_signed(by) {
-            0 => counts.remove(node_id).map_err(fail).map(drop),
-            count => counts.insert(node_id, count).map_err(fail).map(drop),
+            0 => counts.remove(node).map_err(fail).map(drop),
+            count => counts.insert(node, count).map_err(fail).map(drop),
         }
     }
 }
@@ -619,19 +639,19 @@ mod tests {
             tx.commit().unwrap();
         }
         let store = Store::open(Box::new(RedbBackend::open(&path).unwrap()), 10).unwrap();
-        let waiting_ids: Vec<String> = (store.waiting_runs("n-a").unwrap())
+        let waiting_ids: Vec<RunId> = (store.waiting_runs(&"n-a".into()).unwrap())
             .into_iter()
             .map(|r| r.id)
             .collect();
         assert_eq!(waiting_ids, ["r-wait"]);
-        let mut active: Vec<String> = (store.active_runs().unwrap())
+        let mut active: Vec<RunId> = (store.active_runs().unwrap())
             .into_iter()
             .map(|r| r.id)
             .collect();
         active.sort();
         assert_eq!(active, ["r-taken", "r-wait"]);
-        assert_eq!(store.read(|tx| tx.final_count("n-a")).unwrap(), 1);
-        let upgraded = store.node("n-a").unwrap().unwrap();
+        assert_eq!(store.read(|tx| tx.final_count(&"n-a".into())).unwrap(), 1);
+        let upgraded = store.node(&"n-a".into()).unwrap().unwrap();
         assert_eq!(
             (
                 upgraded.last_heartbeat_ms,

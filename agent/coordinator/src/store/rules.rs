@@ -7,6 +7,7 @@ use super::{
 use fleet_proto::facts::Facts;
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::run::RunState;
+use fleet_proto::{NodeId, RunId};
 use std::collections::BTreeMap;
 
 impl Store {
@@ -106,7 +107,7 @@ impl Store {
         &self,
         hash: &str,
         key: &str,
-        node_id: &str,
+        node_id: &NodeId,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> StoreResult<Option<Redeemed>> {
@@ -126,7 +127,7 @@ impl Store {
                     token.spent_by = Some(key.to_string());
                     tx.put_token(hash, &token)?;
                     let node = NodeRecord {
-                        id: node_id.to_string(),
+                        id: node_id.clone(),
                         public_key: key.to_string(),
                         name: token.name.clone(),
                         labels: token.labels.clone(),
@@ -182,7 +183,7 @@ impl Store {
         })
     }
 
-    pub fn node(&self, id: &str) -> StoreResult<Option<NodeRecord>> {
+    pub fn node(&self, id: &NodeId) -> StoreResult<Option<NodeRecord>> {
         self.read(|tx| tx.node(id))
     }
 
@@ -191,9 +192,9 @@ impl Store {
     }
 
     /// Starts a session: a new, higher generation, and a fresh lease.
-    pub fn open_session(&self, id: &str, lease_until_ms: u64) -> StoreResult<u64> {
+    pub fn open_session(&self, id: &NodeId, lease_until_ms: u64) -> StoreResult<u64> {
         match self.apply_one(&Change::OpenSession {
-            node_id: id.to_string(),
+            node_id: id.clone(),
             lease_until_ms,
             at: None,
         })? {
@@ -205,13 +206,13 @@ impl Store {
     /// Records a heartbeat (and new facts, when given) and extends the lease.
     pub fn heartbeat(
         &self,
-        id: &str,
+        id: &NodeId,
         now_ms: u64,
         lease_until_ms: u64,
         facts: Option<Facts>,
     ) -> StoreResult<()> {
         let beat = Beat {
-            node_id: id.to_string(),
+            node_id: id.clone(),
             at_ms: now_ms,
             lease_until_ms,
         };
@@ -317,7 +318,7 @@ impl Store {
         for digest in runs.iter().flat_map(RunRow::content_digests) {
             *uses.entry(digest).or_default() += 1;
         }
-        let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
+        let ids: Vec<RunId> = runs.iter().map(|r| r.id.clone()).collect();
         self.write(|tx| {
             if tx.set(set_id)?.is_some() {
                 return refused(format!("the set {set_id} exists already"));
@@ -348,7 +349,7 @@ impl Store {
         })
     }
 
-    pub fn run(&self, id: &str) -> StoreResult<Option<RunRow>> {
+    pub fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>> {
         self.read(|tx| tx.run(id))
     }
 
@@ -364,10 +365,10 @@ impl Store {
     /// The runs waiting for `node_id` that it has not accepted yet, oldest first (by id among
     /// runs created together); read by the node's waiting index, so the cost follows this
     /// node's work, not the fleet's.
-    pub fn waiting_runs(&self, node_id: &str) -> StoreResult<Vec<RunRow>> {
+    pub fn waiting_runs(&self, node_id: &NodeId) -> StoreResult<Vec<RunRow>> {
         self.read(|tx| {
             let mut runs = runs_of(tx, &tx.waiting(node_id)?)?;
-            runs.retain(|r| r.node_id == node_id && is_waiting(r));
+            runs.retain(|r| &r.node_id == node_id && is_waiting(r));
             runs.sort_by(|a, b| {
                 a.created_ms
                     .cmp(&b.created_ms)
@@ -379,15 +380,15 @@ impl Store {
 
     /// Records the node's answers to starts, in one transaction: each run is the node's now;
     /// an error answer fails a run not yet final.
-    pub fn accept_runs(&self, answers: &[(String, Option<String>)]) -> StoreResult<()> {
+    pub fn accept_runs(&self, answers: &[(RunId, Option<String>)]) -> StoreResult<()> {
         self.apply_one(&Change::Accept(answers.to_vec())).map(drop)
     }
 
     /// Stores a node's events once each (dedupe by id) and applies them to their runs, only
     /// forward; returns the highest id stored from that node, which the node may forget up to.
-    pub fn apply_events(&self, node_id: &str, events: &[NodeEvent]) -> StoreResult<u64> {
+    pub fn apply_events(&self, node_id: &NodeId, events: &[NodeEvent]) -> StoreResult<u64> {
         let change = Change::Events {
-            node_id: node_id.to_string(),
+            node_id: node_id.clone(),
             events: events.to_vec(),
         };
         match self.apply_one(&change)? {
@@ -419,13 +420,18 @@ impl Store {
 
     /// The nodes that have runs waiting for them (for a coordinator's periodic look, which
     /// wakes those of its sessions).
-    pub fn waiting_nodes(&self) -> StoreResult<Vec<String>> {
+    pub fn waiting_nodes(&self) -> StoreResult<Vec<NodeId>> {
         self.read(|tx| tx.waiting_nodes())
     }
 
     /// Ends a run not yet final as `failed` or `lost` with its reason (the sweep's verdict);
     /// a final run stays as it is. Returns the run as it is now, None for an unknown run.
-    pub fn fail_run(&self, id: &str, state: RunState, reason: &str) -> StoreResult<Option<RunRow>> {
+    pub fn fail_run(
+        &self,
+        id: &RunId,
+        state: RunState,
+        reason: &str,
+    ) -> StoreResult<Option<RunRow>> {
         if !matches!(state, RunState::Failed | RunState::Lost) {
             return Err(StoreError::Refused(format!(
                 "a run cannot be failed as {state}"
@@ -450,7 +456,7 @@ impl Store {
 pub enum Change {
     /// A new session: the next generation, and a fresh lease, held by the coordinator `at`.
     OpenSession {
-        node_id: String,
+        node_id: NodeId,
         lease_until_ms: u64,
         at: Option<String>,
     },
@@ -459,10 +465,10 @@ pub enum Change {
     /// New facts, with the heartbeat they came with.
     Facts { beat: Beat, facts: Facts },
     /// A node's answers to starts: (run, the error when it refused).
-    Accept(Vec<(String, Option<String>)>),
+    Accept(Vec<(RunId, Option<String>)>),
     /// A node's events, stored once each.
     Events {
-        node_id: String,
+        node_id: NodeId,
         events: Vec<NodeEvent>,
     },
 }
@@ -593,13 +599,13 @@ fn waiting(token: &TokenRecord, now_ms: u64) -> bool {
     token.spent_by.is_none() && token.bootstrap_failure.is_none() && now_ms < token.expires_at_ms
 }
 
-fn known_node<T: ReadTx + ?Sized>(tx: &T, id: &str) -> StoreResult<NodeRecord> {
+fn known_node<T: ReadTx + ?Sized>(tx: &T, id: &NodeId) -> StoreResult<NodeRecord> {
     tx.node(id)?
         .ok_or_else(|| StoreError::Corrupt(format!("node {id} (missing)")))
 }
 
 /// The runs under `ids` that exist, in that order.
-fn runs_of<T: ReadTx + ?Sized>(tx: &T, ids: &[String]) -> StoreResult<Vec<RunRow>> {
+fn runs_of<T: ReadTx + ?Sized>(tx: &T, ids: &[RunId]) -> StoreResult<Vec<RunRow>> {
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         out.extend(tx.run(id)?);
@@ -612,7 +618,7 @@ fn runs_of<T: ReadTx + ?Sized>(tx: &T, ids: &[String]) -> StoreResult<Vec<RunRow
 fn change_run(
     tx: &mut dyn WriteTx,
     keep: u64,
-    id: &str,
+    id: &RunId,
     change: &mut dyn FnMut(&mut RunRow) -> bool,
 ) -> StoreResult<Option<RunRow>> {
     let Some(mut row) = tx.run(id)? else {
@@ -681,7 +687,7 @@ fn retire(tx: &mut dyn WriteTx, keep: u64, run: &RunRow) -> StoreResult<()> {
 
 /// Removes a final run, its set once it has no runs left, and its references on its content (a
 /// blob with none left is the blob store's to remove).
-fn prune(tx: &mut dyn WriteTx, id: &str) -> StoreResult<()> {
+fn prune(tx: &mut dyn WriteTx, id: &RunId) -> StoreResult<()> {
     let Some(run) = tx.run(id)? else {
         return Ok(());
     };

@@ -104,7 +104,12 @@ impl Store {
         inputs: &[Digest],
     ) -> Result<Option<Event>, StateError> {
         let start = &launch.start;
-        self.track(&start.run_id, &start.workload, inputs, Some(launch))
+        self.track(
+            start.run_id.as_str(),
+            &start.workload,
+            inputs,
+            Some(launch),
+        )
     }
 
     fn track(

@@ -27,10 +27,14 @@ impl Store {
         state: RunState,
         report: RunReport,
     ) -> Result<Event, StateError> {
+        // A run the node tracks was started under a valid id; any other string names no run.
+        let run_id = fleet_proto::RunId::parse(run_id).map_err(|_| StateError::UnknownRun {
+            run_id: run_id.to_string(),
+        })?;
         let id = self.take_next(tx, META_EVENT_ID)?;
         let event = Event {
             id,
-            run_id: run_id.to_string(),
+            run_id,
             state,
             report,
             at_unix_ms: now_unix_ms(),

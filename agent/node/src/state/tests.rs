@@ -33,7 +33,7 @@ fn answers_and_run_claims_are_kept_typed_and_the_first_of_each_stays() {
     let d = dir();
     let store = Store::open(d.path()).unwrap();
     let stopped: Answer = Ok(Reply::Stopped {
-        run_id: "r-1".into(),
+        run_id: fleet_proto::RunId::parse("r-1").unwrap(),
     });
     store.record_answer("stop-1", &stopped).unwrap();
     let refused: Answer = Err(Refusal::new(RefusalClass::Other, "no"));
@@ -94,7 +94,7 @@ fn a_recorded_start_is_kept_without_its_credential_until_the_run_moves_on() {
     let d = dir();
     let store = Store::open(d.path()).unwrap();
     let start = StartRun {
-        run_id: "r1".into(),
+        run_id: fleet_proto::RunId::parse("r1").unwrap(),
         workload: program(),
         registry_auth: Some(RegistryAuth {
             username: "ci".into(),
