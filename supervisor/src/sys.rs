@@ -176,7 +176,7 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
 }
 
 /// How a reaped process ended.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Ended {
     Code(i32),
     Signal(i32),

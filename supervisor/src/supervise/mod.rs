@@ -3,6 +3,7 @@
 mod retention;
 mod sink;
 mod tree;
+mod watch;
 
 use crate::sys::{self, Ended, Reaped};
 use run_store::layout::{OWNER_FILE, RESULT_FILE, STDERR_FILE, STDOUT_FILE};
@@ -18,6 +19,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 use tree::{Cgroup, Tree};
+use watch::{Ready, Watch};
 
 pub use sink::LAST_BYTES;
 
@@ -155,13 +157,6 @@ impl Plan {
         retention::prune(&self.store, self.keep);
         Ok(())
     }
-}
-
-/// Why the tree is being terminated.
-#[derive(Clone, Copy, PartialEq)]
-enum Reason {
-    Timeout,
-    Stop,
 }
 
 /// Runs in the detached process: supervises the run to its end and returns the exit code.
@@ -302,127 +297,26 @@ pub fn make_claim_durable(store: &Store, id: &RunId) -> Result<(), String> {
     })
 }
 
-/// How long pipes may stay open after the whole tree is gone (only a process outside the tree
-/// that was handed the pipe could hold them).
-const DRAIN_AFTER_TREE: Duration = Duration::from_secs(1);
-/// How often SIGKILL is repeated until no descendant is left.
-const KILL_EVERY: Duration = Duration::from_millis(20);
-
 fn watch(plan: &Plan, mut run: Running, hold: Option<File>) -> i32 {
-    let mut buf = vec![0u8; 64 * 1024];
-    let deadline = plan.timeout.map(|t| plan.clock + t);
-    let mut ended: Option<Ended> = None;
-    let mut children_gone = false;
-    let mut tree_gone_at: Option<Instant> = None;
-    let mut terminating: Option<(Reason, Instant)> = None;
-    let mut killed = false;
-    let mut last_kill: Option<Instant> = None;
-    let mut grace_used = None;
-
-    loop {
-        let now = Instant::now();
-        if let Some(gone) = tree_gone_at
-            && ((run.out.pipe.is_none() && run.err.pipe.is_none())
-                || now >= gone + DRAIN_AFTER_TREE)
-        {
-            break;
-        }
-        // Time-driven steps: the timeout, then SIGKILL after the grace period, repeated.
-        if tree_gone_at.is_none() {
-            match terminating {
-                None if deadline.is_some_and(|d| now >= d) => {
-                    run.tree.signal(libc::SIGTERM);
-                    terminating = Some((Reason::Timeout, now));
-                }
-                Some((_, since))
-                    if now >= since + plan.grace
-                        && last_kill.is_none_or(|at| now >= at + KILL_EVERY) =>
-                {
-                    if !killed {
-                        killed = true;
-                        grace_used = Some(plan.grace);
-                    }
-                    run.tree.signal(libc::SIGKILL);
-                    last_kill = Some(now);
-                }
-                _ => {}
-            }
-        }
-        let wake = match (tree_gone_at, terminating) {
-            (Some(gone), _) => Some(gone + DRAIN_AFTER_TREE),
-            // Orphans outside our reach as parent: watch the cgroup empty.
-            (None, _) if children_gone => Some(now + KILL_EVERY),
-            (None, None) => deadline,
-            (None, Some(_)) if killed => last_kill.map(|at| at + KILL_EVERY),
-            (None, Some((_, since))) => Some(since + plan.grace),
-        };
-        let timeout_ms = wake.map_or(-1, |w| {
-            w.saturating_duration_since(now)
-                .as_millis()
-                .clamp(1, i32::MAX as u128) as i32
-        });
-
-        let mut fds = vec![run.signals.as_raw_fd()];
-        let pipes: Vec<bool> = [&run.out, &run.err]
-            .iter()
-            .map(|s| s.pipe.as_ref().map(|p| fds.push(p.as_raw_fd())).is_some())
-            .collect();
-        let ready = match sys::poll_readable(&fds, timeout_ms) {
-            Ok(ready) => ready,
-            Err(_) => vec![true; fds.len()],
-        };
-        let mut next = 1;
-        for (open, sink) in pipes.into_iter().zip([&mut run.out, &mut run.err]) {
-            if open {
-                if ready[next] {
-                    sink.read_once(&mut buf);
-                }
-                next += 1;
-            }
-        }
-        if ready[0] {
-            while let Some(signal) = sys::read_signal(&run.signals) {
-                if signal != libc::SIGCHLD && terminating.is_none() && tree_gone_at.is_none() {
-                    // `stop` (or anyone) asked the supervisor to end the run.
-                    run.tree.signal(libc::SIGTERM);
-                    terminating = Some((Reason::Stop, Instant::now()));
-                }
-            }
-            loop {
-                match sys::reap_any() {
-                    Reaped::One(pid, how) => {
-                        if pid == run.pid {
-                            ended = Some(how);
-                            run.tree.leader = None;
-                        }
-                    }
-                    Reaped::NoneYet => break,
-                    Reaped::NoChildren => {
-                        children_gone = true;
-                        break;
-                    }
-                }
-            }
-        }
-        if children_gone && tree_gone_at.is_none() && run.tree.is_empty() {
-            tree_gone_at = Some(Instant::now());
-            if let (Some((_, since)), false) = (terminating, killed) {
-                grace_used = Some(since.elapsed());
-            }
-        }
-    }
+    let mut machine = Watch::new(plan.timeout.map(|t| plan.clock + t), plan.grace);
+    let mut live = Live {
+        run: &mut run,
+        buf: vec![0u8; 64 * 1024],
+    };
+    watch::drive(&mut machine, &mut live);
+    let outcome = machine.outcome;
 
     let mut r = plan.record(FinalState::Finished);
     r.pid = Some(run.pid as u32);
-    match ended {
+    match outcome.ended {
         Some(Ended::Code(code)) => r.exit_code = Some(code),
         Some(Ended::Signal(signal)) => r.signal = Some(signal),
         None => {}
     }
-    r.timed_out = terminating.is_some_and(|(why, _)| why == Reason::Timeout);
-    r.stopped = terminating.is_some_and(|(why, _)| why == Reason::Stop);
-    r.grace_used_s = grace_used.map(|g| g.as_secs_f64());
-    r.killed = killed;
+    r.timed_out = outcome.timed_out();
+    r.stopped = outcome.stopped();
+    r.grace_used_s = outcome.grace_used.map(|g| g.as_secs_f64());
+    r.killed = outcome.killed;
     r.containment = Some(run.tree.containment().to_string());
     r.stdout = Some(run.out.record());
     r.stderr = Some(run.err.record());
@@ -432,6 +326,75 @@ fn watch(plan: &Plan, mut run: Running, hold: Option<File>) -> i32 {
         Ok(()) => 0,
         // Nobody listens any more; the run reads as lost, which is the truth.
         Err(_) => 1,
+    }
+}
+
+/// The real system under the watch: the run's tree, its signals and its pipes.
+struct Live<'a> {
+    run: &'a mut Running,
+    buf: Vec<u8>,
+}
+
+impl watch::System for Live<'_> {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn signal_tree(&mut self, signal: libc::c_int) {
+        self.run.tree.signal(signal);
+    }
+
+    fn tree_is_empty(&mut self) -> bool {
+        self.run.tree.is_empty()
+    }
+
+    fn poll(&mut self, timeout: Option<Duration>) -> Ready {
+        let timeout_ms = timeout.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
+        let mut fds = vec![self.run.signals.as_raw_fd()];
+        let open = [&self.run.out, &self.run.err]
+            .map(|s| s.pipe.as_ref().map(|p| fds.push(p.as_raw_fd())).is_some());
+        let ready = sys::poll_readable(&fds, timeout_ms).unwrap_or_else(|_| vec![true; fds.len()]);
+        // Only open pipes were polled, in order, after the signals.
+        let mut pipes = ready[1..].iter();
+        Ready {
+            signals: ready[0],
+            pipes: open.map(|open| open && pipes.next() == Some(&true)),
+        }
+    }
+
+    fn read_pipes(&mut self, ready: [bool; 2]) -> bool {
+        for (ready, sink) in ready
+            .into_iter()
+            .zip([&mut self.run.out, &mut self.run.err])
+        {
+            if ready {
+                sink.read_once(&mut self.buf);
+            }
+        }
+        self.run.out.pipe.is_none() && self.run.err.pipe.is_none()
+    }
+
+    fn read_signal(&mut self) -> Option<libc::c_int> {
+        sys::read_signal(&self.run.signals)
+    }
+
+    fn reap(&mut self) -> watch::Reaped {
+        let mut reaped = watch::Reaped::default();
+        loop {
+            match sys::reap_any() {
+                Reaped::One(pid, how) => {
+                    if pid == self.run.pid {
+                        reaped.leader = Some(how);
+                        self.run.tree.leader = None;
+                    }
+                }
+                Reaped::NoneYet => return reaped,
+                Reaped::NoChildren => {
+                    reaped.no_children = true;
+                    return reaped;
+                }
+            }
+        }
     }
 }
 
