@@ -5,6 +5,7 @@
 //! a blob is no longer referred to, and [`Coordinator::sweep_blobs`] removes it then. A collect's
 //! upload lands apart (`blobs/collected/NAME`), for the CLI to move to `--out`.
 use crate::Coordinator;
+use crate::error::{CoordinatorError, Dropped};
 use crate::runs::off_thread;
 use fleet_proto::content::{self, Streamed};
 use fleet_proto::protocol::{self, Down, Up};
@@ -45,7 +46,7 @@ impl Coordinator {
         to: Asker<'_>,
         digest: &Digest,
         offset: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), Dropped> {
         let path = self.blobs().path(digest);
         let mut file = match tokio::fs::File::open(&path).await {
             Ok(file) => file,
@@ -56,19 +57,15 @@ impl Coordinator {
                 return refuse(stream, message).await;
             }
         };
-        let size = file.metadata().await.map_err(|e| e.to_string())?.len();
+        let size = file.metadata().await?.len();
         if offset > size {
             let message = format!(
                 "content {digest} has {size} bytes, fewer than the offset {offset} asked for"
             );
             return refuse(stream, message).await;
         }
-        file.seek(std::io::SeekFrom::Start(offset))
-            .await
-            .map_err(|e| e.to_string())?;
-        protocol::write_msg(stream, &Down::Content { size })
-            .await
-            .map_err(|e| e.to_string())?;
+        file.seek(std::io::SeekFrom::Start(offset)).await?;
+        protocol::write_msg(stream, &Down::Content { size }).await?;
         // The node checks what it receives: no hash here.
         let streamed = content::stream_exact(&mut file, stream, size - offset, None).await;
         let sent = match streamed {
@@ -82,10 +79,12 @@ impl Coordinator {
                 let _ = stream.shutdown().await;
                 Ok(())
             }
-            Streamed::Cut { cause, .. } => Err(format!("reading blob {digest} failed: {cause}")),
-            Streamed::Write { cause, .. } => {
-                Err(format!("sending {digest} to {to} stopped: {cause}"))
-            }
+            Streamed::Cut { cause, .. } => Err(Dropped::Content(format!(
+                "reading blob {digest} failed: {cause}"
+            ))),
+            Streamed::Write { cause, .. } => Err(Dropped::Content(format!(
+                "sending {digest} to {to} stopped: {cause}"
+            ))),
         }
     }
 
@@ -99,7 +98,7 @@ impl Coordinator {
         node_id: &NodeId,
         upload: &UploadId,
         size: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), Dropped> {
         let partial = self.blobs().collected_partial(upload);
         let disk = |e| blob_disk(self.blobs(), e);
         let result = async {
@@ -164,31 +163,29 @@ impl Coordinator {
         }
         .await;
         match result {
-            Ok(digest) => protocol::write_msg(stream, &Down::Stored { digest })
-                .await
-                .map_err(|e| e.to_string()),
+            Ok(digest) => Ok(protocol::write_msg(stream, &Down::Stored { digest }).await?),
             Err(message) => refuse(stream, message).await,
         }
     }
 
     /// Removes blobs no stored run refers to, once they are older than [`BLOB_GRACE`].
-    pub fn sweep_blobs(&self, grace: Duration) -> Result<(), String> {
-        let old: Vec<String> = (self.blobs().list().map_err(|e| e.to_string())?)
+    pub fn sweep_blobs(&self, grace: Duration) -> Result<(), CoordinatorError> {
+        let in_blobs = |cause| CoordinatorError::DataDir {
+            path: self.blobs().root().to_path_buf(),
+            cause,
+        };
+        let old: Vec<String> = (self.blobs().list().map_err(in_blobs)?)
             .into_iter()
             .filter(|(_, age)| *age >= grace)
             .map(|(d, _)| d.to_string())
             .collect();
-        for digest in self.store().unreferenced(&old).map_err(|e| e.to_string())? {
+        for digest in self.store().unreferenced(&old)? {
             if let Ok(digest) = Digest::parse(&digest) {
                 let _ = std::fs::remove_file(self.blobs().path(&digest));
                 tracing::info!(%digest, "removed a blob no run refers to");
             }
         }
-        for path in self
-            .blobs()
-            .remove_stale(grace)
-            .map_err(|e| e.to_string())?
-        {
+        for path in self.blobs().remove_stale(grace).map_err(in_blobs)? {
             tracing::info!(path = %path.display(), "removed what a transfer left unfinished");
         }
         Ok(())
@@ -214,7 +211,7 @@ fn resume_point(partial: &std::path::Path, size: u64) -> std::io::Result<(Sha256
 pub(crate) async fn refuse<S: AsyncWrite + Unpin>(
     stream: &mut S,
     message: String,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     let _ = protocol::write_msg(
         stream,
         &Down::ContentRefused {
@@ -222,7 +219,7 @@ pub(crate) async fn refuse<S: AsyncWrite + Unpin>(
         },
     )
     .await;
-    Err(message)
+    Err(Dropped::Content(message))
 }
 
 fn blob_disk(blobs: &content::Blobs, e: std::io::Error) -> String {

@@ -1,5 +1,6 @@
 //! What a coordinator call can fail with, each one line that says what to do.
 use crate::store::StoreError;
+use fleet_proto::protocol::FrameError;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +23,9 @@ pub enum CoordinatorError {
     /// The node refused the command: its class is what a caller acts on, its line what people read.
     #[error(transparent)]
     Refused(#[from] fleet_proto::protocol::Refusal),
+    /// Another coordinator of the fleet, which holds the node's session, could not be used.
+    #[error(transparent)]
+    Peer(#[from] crate::peer::PeerError),
     #[error(
         "--store takes a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, not `{0}`; leave it out for the embedded store in the data directory"
     )]
@@ -31,4 +35,39 @@ pub enum CoordinatorError {
         path: PathBuf,
         cause: std::io::Error,
     },
+}
+
+/// Why this coordinator ended a connection early, by class: for its own log only (a node learns
+/// what it must act on from the protocol's own messages).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Dropped {
+    #[error("the handshake timed out")]
+    HandshakeTimeout,
+    #[error("the handshake failed: {0}")]
+    Handshake(std::io::Error),
+    #[error("no client certificate")]
+    NoClientCertificate,
+    #[error("no request within the timeout")]
+    NoRequest,
+    #[error("closed before a request")]
+    ClosedEarly,
+    /// Reading or writing a message failed.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The other side is not allowed this: an unknown token, node or key.
+    #[error("{0}")]
+    NotAllowed(String),
+    /// The other side broke the protocol: a malformed or misplaced message, a bad certificate.
+    #[error("{0}")]
+    Protocol(String),
+    /// A node's session ended without closing: lapsed, silent, cut.
+    #[error("{0}")]
+    SessionEnded(String),
+    /// Content was refused (the node was told why), or its transfer stopped.
+    #[error("{0}")]
+    Content(String),
 }

@@ -29,4 +29,5 @@ pub use coordinator::{
 pub use error::CoordinatorError;
 pub use live::TicketRefusal;
 pub use nodes::{NodeState, NodeView, node_id};
+pub use peer::PeerError;
 pub use tokens::{TokenRequest, token_hash};

@@ -8,7 +8,9 @@ use crate::runs::off_thread;
 use crate::{Coordinator, KEY_FILE};
 use fleet_proto::content::{self, ContentError};
 use fleet_proto::dial::DialError;
-use fleet_proto::protocol::{self, Answer, Command, Down, Refusal, RefusalClass, Reply, Up};
+use fleet_proto::protocol::{
+    self, Answer, Command, Down, FrameError, Refusal, RefusalClass, Reply, Up,
+};
 use fleet_proto::{Digest, NodeId};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -17,16 +19,51 @@ use tokio_rustls::client::TlsStream;
 /// A peer's certificate lives for one copy or relay at most.
 const PEER_CERT_VALIDITY: Duration = Duration::from_secs(3600);
 
+/// Why another coordinator of the fleet could not do what was asked of it.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error(
+        "the coordinator at {address} presented key {seen}, not this fleet's key {pinned}: its data folder holds another {}; copy this fleet's key there and restart it",
+        KEY_FILE
+    )]
+    ForeignKey {
+        address: String,
+        seen: String,
+        pinned: String,
+    },
+    #[error(transparent)]
+    Dial(DialError),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("the coordinator {address} did not answer for {node_id} in time")]
+    Late { address: String, node_id: NodeId },
+    #[error("the coordinator {address} answered a relay for {node_id} with {answer}")]
+    Unexpected {
+        address: String,
+        node_id: NodeId,
+        answer: String,
+    },
+    #[error(transparent)]
+    Content(#[from] ContentError),
+    #[error("no coordinator of the fleet holds {0}")]
+    Nowhere(Digest),
+    /// Every coordinator of the fleet was asked; each failure, in order.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Each(Vec<PeerError>),
+}
+
 /// A pinned TLS connection to the coordinator at `address`, proving the fleet's key.
-async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, String> {
+async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, PeerError> {
     let key = coordinator.key();
     let dialed = fleet_proto::dial::dial(address, key, key.public_key_raw(), PEER_CERT_VALIDITY);
     match dialed.await {
         Ok(dialed) => Ok(dialed.stream),
-        Err(DialError::PinMismatch { seen, pinned, .. }) => Err(format!(
-            "the coordinator at {address} presented key {seen}, not this fleet's key {pinned}: its data folder holds another {KEY_FILE}; copy this fleet's key there and restart it"
-        )),
-        Err(e) => Err(e.to_string()),
+        Err(DialError::PinMismatch { seen, pinned, .. }) => Err(PeerError::ForeignKey {
+            address: address.to_string(),
+            seen,
+            pinned,
+        }),
+        Err(e) => Err(PeerError::Dial(e)),
     }
 }
 
@@ -38,23 +75,26 @@ pub(crate) async fn relay(
     node_id: &NodeId,
     command: Command,
     patience: Duration,
-) -> Result<Answer, String> {
+) -> Result<Answer, PeerError> {
     let mut stream = dial(coordinator, address).await?;
     let ask = Up::Relay {
         node_id: node_id.clone(),
         command,
     };
-    protocol::write_msg(&mut stream, &ask)
-        .await
-        .map_err(|e| e.to_string())?;
+    protocol::write_msg(&mut stream, &ask).await?;
     let answered = tokio::time::timeout(patience, protocol::read_msg::<_, Down>(&mut stream))
         .await
-        .map_err(|_| format!("the coordinator {address} did not answer for {node_id} in time"))?;
-    match answered.map_err(|e| e.to_string())? {
+        .map_err(|_| PeerError::Late {
+            address: address.to_string(),
+            node_id: node_id.clone(),
+        })?;
+    match answered? {
         Some(Down::Relayed { answer }) => Ok(answer),
-        other => Err(format!(
-            "the coordinator {address} answered a relay for {node_id} with {other:?}"
-        )),
+        other => Err(PeerError::Unexpected {
+            address: address.to_string(),
+            node_id: node_id.clone(),
+            answer: format!("{other:?}"),
+        }),
     }
 }
 
@@ -65,13 +105,14 @@ pub(crate) async fn pull(
     coordinator: &Coordinator,
     address: &str,
     digest: &Digest,
-) -> Result<(), String> {
+) -> Result<(), PeerError> {
     let landed = content::land(coordinator.blobs(), digest, |offset| async move {
         let failed = |reason: String| ContentError::Failed {
             content: digest.to_string(),
             reason,
         };
-        let mut stream = dial(coordinator, address).await.map_err(failed)?;
+        let dialed = dial(coordinator, address).await;
+        let mut stream = dialed.map_err(|e| failed(e.to_string()))?;
         let fetch = Up::Copy {
             digest: digest.clone(),
             offset,
@@ -85,7 +126,7 @@ pub(crate) async fn pull(
             other => Err(failed(format!("{address} answered a fetch with {other:?}"))),
         }
     });
-    landed.await.map(drop).map_err(|e| e.to_string())
+    Ok(landed.await.map(drop)?)
 }
 
 impl Coordinator {
@@ -119,7 +160,7 @@ impl Coordinator {
     /// Makes sure the blob store holds `digest`, copying it from another coordinator of the
     /// fleet when it does not (content imported through one coordinator, asked for through
     /// another). Err says why it is still missing.
-    pub(crate) async fn ensure_blob(&self, digest: &Digest) -> Result<(), String> {
+    pub(crate) async fn ensure_blob(&self, digest: &Digest) -> Result<(), PeerError> {
         if self.blobs().has(digest) {
             return Ok(());
         }
@@ -139,8 +180,8 @@ impl Coordinator {
             }
         }
         Err(match failures.is_empty() {
-            true => format!("no coordinator of the fleet holds {digest}"),
-            false => failures.join("; "),
+            true => PeerError::Nowhere(digest.clone()),
+            false => PeerError::Each(failures),
         })
     }
 }

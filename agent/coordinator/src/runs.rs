@@ -352,7 +352,7 @@ impl Coordinator {
                             .await
                             .map_err(|e| e.to_string())
                         }
-                        Err(e) => Err(e),
+                        Err(e) => Err(e.to_string()),
                     },
                 };
                 match landed {
@@ -507,9 +507,7 @@ impl Coordinator {
                     return Err(no_session());
                 };
                 let patience = patience(&command);
-                crate::peer::relay(self, &holder, node_id, command, patience)
-                    .await
-                    .map_err(CoordinatorError::Request)?
+                crate::peer::relay(self, &holder, node_id, command, patience).await?
             }
         };
         answer.map_err(CoordinatorError::Refused)

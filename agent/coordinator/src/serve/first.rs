@@ -4,6 +4,7 @@
 use super::ServeConfig;
 use super::link::{self, Stopping};
 use crate::content::{Asker, refuse};
+use crate::error::Dropped;
 use crate::{Coordinator, node_id, token_hash};
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::joinfile::Secret;
@@ -27,12 +28,12 @@ pub(super) async fn handle_tls(
     tls: tokio_rustls::TlsAcceptor,
     stream: TcpStream,
     stopping: Stopping,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     let mut stream = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, tls.accept(stream))
         .await
-        .map_err(|_| "the handshake timed out".to_string())?
-        .map_err(|e| format!("the handshake failed: {e}"))?;
-    let cert = peer_cert(&stream).ok_or("no client certificate")?;
+        .map_err(|_| Dropped::HandshakeTimeout)?
+        .map_err(Dropped::Handshake)?;
+    let cert = peer_cert(&stream).ok_or(Dropped::NoClientCertificate)?;
     // Another coordinator of the fleet proves the fleet's own key.
     let peer = cert.key == coordinator.key().public_key_raw();
     let first = tokio::time::timeout(
@@ -40,9 +41,8 @@ pub(super) async fn handle_tls(
         protocol::read_msg_within::<_, Up>(&mut stream, MAX_UNIDENTIFIED_FRAME),
     )
     .await
-    .map_err(|_| "no request within the timeout".to_string())?
-    .map_err(|e| e.to_string())?
-    .ok_or("closed before a request")?;
+    .map_err(|_| Dropped::NoRequest)??
+    .ok_or(Dropped::ClosedEarly)?;
     match first {
         Up::Join { token, .. } => join(coordinator, config, stream, &cert, &token).await,
         Up::Hello { node_id } => {
@@ -77,7 +77,9 @@ pub(super) async fn handle_tls(
             upload,
             size,
         } => receive(coordinator, stream, &cert, &node_id, &upload, size).await,
-        _ => Err("a first message that is neither join, hello, fetch nor upload".into()),
+        _ => Err(Dropped::Protocol(
+            "a first message that is neither join, hello, fetch nor upload".into(),
+        )),
     }
 }
 
@@ -88,7 +90,7 @@ async fn join(
     mut stream: Tls,
     cert: &CertInfo,
     token: &Secret,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     let key = pin::key_text(&cert.key);
     let id = node_id(&cert.key);
     let now = now_ms();
@@ -96,18 +98,17 @@ async fn join(
     let (hash, key_for_store) = (token_hash(&token.0), key.clone());
     let redeemed = coordinator
         .with_store(move |store| store.redeem(&hash, &key_for_store, &id, now, lease_until))
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or("a join with an unknown, expired or already spent token")?;
+        .await?
+        .ok_or_else(|| {
+            Dropped::NotAllowed("a join with an unknown, expired or already spent token".into())
+        })?;
     let node = redeemed.node;
     if redeemed.first {
         tracing::info!(node_id = %node.id, name = ?node.name, public_key = %key, "node joined");
     } else {
         tracing::info!(node_id = %node.id, "answered a join again for the same key (its answer was lost)");
     }
-    protocol::write_msg(&mut stream, &Down::Joined { node_id: node.id })
-        .await
-        .map_err(|e| e.to_string())
+    Ok(protocol::write_msg(&mut stream, &Down::Joined { node_id: node.id }).await?)
 }
 
 /// A peer's command for a node whose session this coordinator holds.
@@ -116,11 +117,9 @@ async fn relay(
     mut stream: Tls,
     node_id: &NodeId,
     command: Command,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     let answer = coordinator.relayed(node_id, command).await;
-    protocol::write_msg(&mut stream, &Down::Relayed { answer })
-        .await
-        .map_err(|e| e.to_string())
+    Ok(protocol::write_msg(&mut stream, &Down::Relayed { answer }).await?)
 }
 
 /// A node's fetch of content by digest, from `offset`; an artifact's with its one-time ticket.
@@ -132,7 +131,7 @@ async fn fetch(
     digest: &Digest,
     offset: u64,
     ticket: Option<String>,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     known_node(coordinator, cert, node_id).await?;
     // Content imported through another coordinator of the fleet is copied here first.
     if let Err(e) = coordinator.ensure_blob(digest).await {
@@ -156,7 +155,7 @@ async fn receive(
     node_id: &NodeId,
     upload: &UploadId,
     size: u64,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     known_node(coordinator, cert, node_id).await?;
     let lock = match coordinator.uploads().expected(upload, node_id) {
         Ok(lock) => lock,
@@ -179,15 +178,18 @@ pub(super) async fn known_node(
     coordinator: &Coordinator,
     cert: &CertInfo,
     node_id: &NodeId,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     let id = node_id.clone();
     let node = coordinator
         .with_store(move |store| store.node(&id))
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("a connection for an unknown node {node_id}"))?;
+        .await?
+        .ok_or_else(|| {
+            Dropped::NotAllowed(format!("a connection for an unknown node {node_id}"))
+        })?;
     if node.public_key != pin::key_text(&cert.key) {
-        return Err(format!("a connection for {node_id} from another key"));
+        return Err(Dropped::NotAllowed(format!(
+            "a connection for {node_id} from another key"
+        )));
     }
     Ok(())
 }

@@ -6,8 +6,9 @@
 use super::ServeConfig;
 use super::first::known_node;
 use crate::Coordinator;
+use crate::error::Dropped;
 use crate::live::{NodeCall, SessionHandle, beat_now};
-use crate::store::{Applied, Beat, Change, NodeEvent, RunRow};
+use crate::store::{Applied, Beat, Change, NodeEvent, RunRow, StoreError};
 use fleet_proto::fsutil::now_ms;
 use fleet_proto::pin::{CLOCK_SKEW, CertInfo};
 use fleet_proto::protocol::{self, Answer, Command, Down, StartRun, Up};
@@ -37,20 +38,22 @@ pub(super) async fn session(
     cert: CertInfo,
     node_id: NodeId,
     stopping: Stopping,
-) -> Result<(), String> {
+) -> Result<(), Dropped> {
     known_node(coordinator, &cert, &node_id).await?;
     // The certificate is dated by the node's clock, which may be hours off: only its length
     // counts, and the session lapses that long from now by this coordinator's clock.
     let longest = (config.max_session_validity + CLOCK_SKEW).as_secs() as i64;
     let length = cert.not_after - cert.not_before;
     if length <= 0 {
-        return Err(format!("{node_id} presented an empty session certificate"));
+        return Err(Dropped::Protocol(format!(
+            "{node_id} presented an empty session certificate"
+        )));
     }
     if length > longest {
-        return Err(format!(
+        return Err(Dropped::Protocol(format!(
             "{node_id} presented a session certificate valid for longer than the allowed {} s",
             config.max_session_validity.as_secs()
-        ));
+        )));
     }
     let lease_ms = config.lease.as_millis() as u64;
     let opened = coordinator
@@ -60,10 +63,11 @@ pub(super) async fn session(
             lease_until_ms: now_ms() + lease_ms,
             at: coordinator.fleet().address().map(str::to_string),
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let Applied::Generation(generation) = opened else {
-        return Err(format!("opening a session was answered with {opened:?}"));
+        return Err(Dropped::Store(StoreError::Db(format!(
+            "opening a session was answered with {opened:?}"
+        ))));
     };
     let welcome = Down::Welcome {
         generation,
@@ -71,9 +75,7 @@ pub(super) async fn session(
         lease_ms,
         coordinators: coordinator.fleet().members(),
     };
-    protocol::write_msg(&mut stream, &welcome)
-        .await
-        .map_err(|e| e.to_string())?;
+    protocol::write_msg(&mut stream, &welcome).await?;
     tracing::info!(%node_id, generation, at = ?coordinator.fleet().address(), "session open");
     let lapses = tokio::time::Instant::now() + Duration::from_secs(length as u64);
     let (calls_tx, calls) = mpsc::channel(16);
@@ -127,7 +129,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         lapses: tokio::time::Instant,
         lease: Duration,
         mut stopping: Stopping,
-    ) -> Result<(), String> {
+    ) -> Result<(), Dropped> {
         let node_id = self.node_id.clone();
         // A reader task of its own: a read cancelled halfway through a frame would lose it. The
         // messages are boxed: a channel allocates its slots in blocks, and an idle session should
@@ -156,7 +158,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(lapses) => {
-                        return Err(format!("the session credential of {node_id} lapsed"));
+                        return Err(Dropped::SessionEnded(format!("the session credential of {node_id} lapsed")));
                     }
                     () = stopped(&mut stopping) => {
                         tracing::info!(%node_id, generation = self.generation, "session closed: the coordinator stops serving");
@@ -171,9 +173,9 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     }
                     msg = tokio::time::timeout(lease, inbox.recv()) => {
                         let first = match msg.map(|m| m.map(|boxed| *boxed)) {
-                            Err(_) => return Err(format!("{node_id} was silent for a whole lease")),
-                            Ok(None) => return Err(format!("the session of {node_id} ended")),
-                            Ok(Some(Err(e))) => return Err(format!("the session of {node_id} failed: {e}")),
+                            Err(_) => return Err(Dropped::SessionEnded(format!("{node_id} was silent for a whole lease"))),
+                            Ok(None) => return Err(Dropped::SessionEnded(format!("the session of {node_id} ended"))),
+                            Ok(Some(Err(e))) => return Err(Dropped::SessionEnded(format!("the session of {node_id} failed: {e}"))),
                             Ok(Some(Ok(None))) => {
                                 tracing::info!(%node_id, generation = self.generation, "session closed by the agent");
                                 return Ok(());
@@ -203,19 +205,17 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         OpId::new(format!("{kind}-g{}-{}", self.generation, self.next_op))
     }
 
-    async fn send(&mut self, op: OpId, command: Command) -> Result<(), String> {
+    async fn send(&mut self, op: OpId, command: Command) -> Result<(), Dropped> {
         let msg = Down::Command {
             op,
             generation: self.generation,
             command,
         };
-        protocol::write_msg(&mut self.writer, &msg)
-            .await
-            .map_err(|e| e.to_string())
+        Ok(protocol::write_msg(&mut self.writer, &msg).await?)
     }
 
     /// Sends every run waiting for this node that is not in flight yet, staging its program first.
-    async fn dispatch(&mut self) -> Result<(), String> {
+    async fn dispatch(&mut self) -> Result<(), Dropped> {
         let node_id = self.node_id.clone();
         let read = (self.coordinator)
             .with_store(move |store| store.waiting_runs(&node_id))
@@ -279,7 +279,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
 
     /// Sends `raw` as the command object of a command message, unchecked: what a coordinator of
     /// another protocol version could send (for protocol-skew testing).
-    async fn send_raw(&mut self, op: OpId, raw: serde_json::Value) -> Result<(), String> {
+    async fn send_raw(&mut self, op: OpId, raw: serde_json::Value) -> Result<(), Dropped> {
         // The envelope comes from the protocol's own type; only its command object is replaced.
         let envelope = Down::Command {
             op,
@@ -288,12 +288,10 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         };
         let mut msg = serde_json::to_value(envelope).expect("protocol messages serialize");
         msg["command"] = raw;
-        protocol::write_msg(&mut self.writer, &msg)
-            .await
-            .map_err(|e| e.to_string())
+        Ok(protocol::write_msg(&mut self.writer, &msg).await?)
     }
 
-    async fn handle(&mut self, batch: Vec<Inbound>) -> Result<(), String> {
+    async fn handle(&mut self, batch: Vec<Inbound>) -> Result<(), Dropped> {
         let mut events = Vec::new();
         let mut accepted = Vec::new();
         for msg in batch {
@@ -310,10 +308,10 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     continue;
                 }
                 Inbound::Malformed(reason) => {
-                    return Err(format!(
+                    return Err(Dropped::Protocol(format!(
                         "{} sent a malformed message: {reason}",
                         self.node_id
-                    ));
+                    )));
                 }
             };
             match msg {
@@ -323,10 +321,10 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 Up::Facts { facts } => self.heartbeat(facts).await?,
                 Up::Result { op, answer } => self.answered(&op, answer, &mut accepted),
                 _ => {
-                    return Err(format!(
+                    return Err(Dropped::Protocol(format!(
                         "{} sent a message that does not belong in a session",
                         self.node_id
-                    ));
+                    )));
                 }
             }
         }
@@ -339,11 +337,11 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 events,
             };
             let Applied::EventsUpTo(up_to) = self.commit(change).await? else {
-                return Err("storing events was answered with something else".into());
+                return Err(Dropped::Store(StoreError::Db(
+                    "storing events was answered with something else".into(),
+                )));
             };
-            protocol::write_msg(&mut self.writer, &Down::Ack { up_to })
-                .await
-                .map_err(|e| e.to_string())?;
+            protocol::write_msg(&mut self.writer, &Down::Ack { up_to }).await?;
         }
         Ok(())
     }
@@ -354,18 +352,18 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     }
 
     /// Records new facts, with the heartbeat they are.
-    async fn heartbeat(&self, facts: fleet_proto::facts::Facts) -> Result<(), String> {
+    async fn heartbeat(&self, facts: fleet_proto::facts::Facts) -> Result<(), Dropped> {
         let beat = self.beat();
         self.commit(Change::Facts { beat, facts }).await.map(drop)
     }
 
-    async fn commit(&self, change: Change) -> Result<Applied, String> {
-        (self.coordinator.commits().submit(change).await).map_err(|e| e.to_string())
+    async fn commit(&self, change: Change) -> Result<Applied, Dropped> {
+        Ok(self.coordinator.commits().submit(change).await?)
     }
 
     /// A run whose registry credential is gone (the coordinator restarted before the node took
     /// it): failed with the reason, since the credential was never stored.
-    async fn fail_without_credential(&mut self, run_id: &RunId) -> Result<(), String> {
+    async fn fail_without_credential(&mut self, run_id: &RunId) -> Result<(), Dropped> {
         let id = run_id.clone();
         self.coordinator
             .with_store(move |store| {
@@ -377,7 +375,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             })
             .await
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(Dropped::Store)
     }
 
     /// Settles an answered operation; start answers are gathered for one transaction.

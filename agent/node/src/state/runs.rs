@@ -104,12 +104,7 @@ impl Store {
         inputs: &[Digest],
     ) -> Result<Option<Event>, StateError> {
         let start = &launch.start;
-        self.track(
-            start.run_id.as_str(),
-            &start.workload,
-            inputs,
-            Some(launch),
-        )
+        self.track(start.run_id.as_str(), &start.workload, inputs, Some(launch))
     }
 
     fn track(
