@@ -631,7 +631,7 @@ fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep
     assert_eq!(names, ["octomy-run-tidy-1", "octomy-run-tidy-2"]);
     // The node's record of the removed run stays final; the runtime no longer holds it.
     assert_eq!(record("tidy-0"), Some(RunState::Finished));
-    assert!(rt.status("tidy-0").is_err());
+    assert!(rt.status(&testkit::rid("tidy-0")).is_err());
 }
 
 #[test]
@@ -784,7 +784,7 @@ fn a_timeout_stops_with_the_grace_then_kills_and_observing_never_waits_for_it() 
     let done = loop {
         let in_grace = timed_out.exists();
         let asked = std::time::Instant::now();
-        let status = rt.status("grace-1").unwrap();
+        let status = rt.status(&testkit::rid("grace-1")).unwrap();
         slowest = slowest.max(asked.elapsed());
         if status.state.is_final() {
             break status;

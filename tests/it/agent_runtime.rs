@@ -237,8 +237,8 @@ fn a_program_file_named_like_a_flag_stages_and_a_run_of_it_stops() {
     assert_eq!(program.to_string(), sha256sum(Path::new("/bin/sh")));
     let run = shell("dash-x", &Workload::Program(program), "sleep 600");
     assert_eq!(rt.start(&run).unwrap(), Started::New);
-    rt.stop("dash-x").unwrap();
-    let status = rt.status("dash-x").unwrap();
+    rt.stop(&testkit::rid("dash-x")).unwrap();
+    let status = rt.status(&testkit::rid("dash-x")).unwrap();
     assert!(status.state.is_final(), "{}", status.state);
     let outcome = status.report.outcome.unwrap();
     assert!(outcome.stopped, "{outcome:?}");
@@ -300,7 +300,7 @@ fn process_runtime_specifics_reach_the_detail_and_refusals_keep_their_class() {
         )
     );
     // The refused run is final, so the watcher reports it `failed` with the step and reason.
-    let failed = rt.status("bad-1").unwrap();
+    let failed = rt.status(&testkit::rid("bad-1")).unwrap();
     assert_eq!(failed.state, RunState::Failed);
     assert!(failed.report.error.unwrap().starts_with("stage: "));
 
@@ -323,7 +323,7 @@ fn an_input_too_large_for_the_disk_is_a_clear_error_its_run_fails_and_the_next_r
     let program = Workload::Program(rt.stage(Path::new("/bin/true")).unwrap());
     let big = dir.path().join("big");
     std::fs::write(&big, vec![7u8; 1024 * 1024]).unwrap();
-    let mut spec = RunSpec::new("big", program.clone());
+    let mut spec = RunSpec::new(testkit::rid("big"), program.clone());
     spec.inputs = vec![("data".into(), big)];
     let err = rt.start(&spec).unwrap_err();
     let reason = format!(
@@ -339,13 +339,13 @@ fn an_input_too_large_for_the_disk_is_a_clear_error_its_run_fails_and_the_next_r
         format!("run big: the run store's disk is full: {reason}")
     );
     // The refused run is final and says why, so the watcher reports it once and moves on.
-    let status = rt.status("big").unwrap();
+    let status = rt.status(&testkit::rid("big")).unwrap();
     assert_eq!(status.state, RunState::Failed);
     assert_eq!(status.report.error, Some(format!("input: {reason}")));
     // The partial copy made no lasting mess: the next run with a small input starts and ends.
     let small = dir.path().join("small");
     std::fs::write(&small, "fits\n").unwrap();
-    let mut next = RunSpec::new("next", program);
+    let mut next = RunSpec::new(testkit::rid("next"), program);
     next.inputs = vec![("data".into(), small)];
     assert_eq!(rt.start(&next).unwrap(), Started::New);
     let done = wait_for(&rt, "next", RunState::Finished);
@@ -383,7 +383,7 @@ fn the_watcher_spools_each_transition_once_across_restarts_and_a_dead_supervisor
     assert_eq!(report.events.len(), 2, "{:?}", report.events);
 
     // The long run's supervisor dies (and we end its orphaned program, which nobody watches now).
-    let owner = rt.status("long").unwrap().report.detail["owner"].clone();
+    let owner = rt.status(&testkit::rid("long")).unwrap().report.detail["owner"].clone();
     for pid in [&owner["pid"], &owner["program_pid"]] {
         testkit::ok(Command::new("kill").arg("-KILL").arg(pid.to_string()));
     }

@@ -20,6 +20,11 @@ pub fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// A test's run id, valid by construction.
+pub fn rid(id: &str) -> fleet_proto::RunId {
+    fleet_proto::RunId::parse(id).expect("a test's run id is valid")
+}
+
 /// A workspace binary built by `cargo build --workspace` (which `cargo xtask ci` runs first).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary knows its path");

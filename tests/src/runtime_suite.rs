@@ -2,6 +2,7 @@
 //! container). A runtime passes by giving a runtime and a workload whose program is a POSIX
 //! shell; `tests/it/agent_runtime.rs` runs it for the process runtime, `agent_docker.rs` for
 //! the Docker one.
+use crate::rid;
 use fleet_agent::runtime::{
     Resources, RunSpec, RunState, RunStatus, Runtime, RuntimeError, Started, Workload,
 };
@@ -30,7 +31,7 @@ pub fn sha256sum(path: &Path) -> String {
 pub fn wait_for(rt: &dyn Runtime, run: &str, state: RunState) -> RunStatus {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let status = rt.status(run).unwrap();
+        let status = rt.status(&rid(run)).unwrap();
         if status.state == state {
             return status;
         }
@@ -46,7 +47,7 @@ pub fn wait_for(rt: &dyn Runtime, run: &str, state: RunState) -> RunStatus {
 
 /// A spec running `/bin/sh -c SCRIPT sh ARG...` from a workload that is a shell.
 pub fn shell(run: &str, shell: &Workload, script: &str) -> RunSpec {
-    let mut spec = RunSpec::new(run, shell.clone());
+    let mut spec = RunSpec::new(rid(run), shell.clone());
     spec.argv = vec!["-c".into(), script.into(), "sh".into()];
     spec.timeout = Some(Duration::from_secs(20));
     spec
@@ -55,7 +56,7 @@ pub fn shell(run: &str, shell: &Workload, script: &str) -> RunSpec {
 /// Reads a whole file out of a run.
 pub fn collected(rt: &dyn Runtime, run: &str, path: &str) -> Vec<u8> {
     let mut bytes = Vec::new();
-    rt.collect(run, path, 1 << 20, &mut bytes).unwrap();
+    rt.collect(&rid(run), path, 1 << 20, &mut bytes).unwrap();
     bytes
 }
 
@@ -80,7 +81,10 @@ pub fn starts_once_and_collects(s: &Subject) {
                 s.name
             )
         );
-        assert!(s.runtime.status("suite-1").is_err(), "nothing started");
+        assert!(
+            s.runtime.status(&rid("suite-1")).is_err(),
+            "nothing started"
+        );
         let text = "it's \"quoted\"  and spaced ";
         spec.argv[3] = text.into();
         text.as_bytes().to_vec()
@@ -102,7 +106,7 @@ pub fn starts_once_and_collects(s: &Subject) {
     let mut got_bytes = Vec::new();
     let got = s
         .runtime
-        .collect("suite-1", "out.bin", 1024, &mut got_bytes)
+        .collect(&rid("suite-1"), "out.bin", 1024, &mut got_bytes)
         .unwrap();
     assert_eq!(got_bytes, argument);
     assert_eq!(got.size, argument.len() as u64);
@@ -113,7 +117,7 @@ pub fn starts_once_and_collects(s: &Subject) {
     let mut sink = Vec::new();
     let err = s
         .runtime
-        .collect("suite-1", "out.bin", 2, &mut sink)
+        .collect(&rid("suite-1"), "out.bin", 2, &mut sink)
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -141,13 +145,13 @@ pub fn a_stop_ends_the_run_and_says_so(s: &Subject) {
     s.runtime.start(&spec).unwrap();
     wait_for(s.runtime, "suite-long", RunState::Running);
     let begun = Instant::now();
-    s.runtime.stop("suite-long").unwrap();
+    s.runtime.stop(&rid("suite-long")).unwrap();
     eprintln!("{}: the stop returned after {:?}", s.name, begun.elapsed());
-    let status = s.runtime.status("suite-long").unwrap();
+    let status = s.runtime.status(&rid("suite-long")).unwrap();
     assert!(status.state.is_final(), "{}", status.state);
     let outcome = status.report.outcome.unwrap();
     assert!(outcome.stopped && !outcome.timed_out, "{outcome:?}");
-    let err = s.runtime.stop("suite-nope").unwrap_err();
+    let err = s.runtime.stop(&rid("suite-nope")).unwrap_err();
     assert!(
         matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "suite-nope"),
         "{err:?}"
@@ -174,7 +178,7 @@ pub fn refusals_are_one_line_per_run(s: &Subject) {
     for path in ["../suite-1/file", "/etc/passwd", "top/etc/passwd", "top"] {
         let err = s
             .runtime
-            .collect("suite-2", path, 1 << 20, &mut Vec::new())
+            .collect(&rid("suite-2"), path, 1 << 20, &mut Vec::new())
             .unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -185,12 +189,15 @@ pub fn refusals_are_one_line_per_run(s: &Subject) {
     }
     assert_eq!(collected(s.runtime, "suite-2", "./file"), b"hi\n");
     assert_eq!(
-        s.runtime.status("suite-nope").unwrap_err().to_string(),
+        s.runtime
+            .status(&rid("suite-nope"))
+            .unwrap_err()
+            .to_string(),
         "run suite-nope is not known to this node's runtimes; check the run id"
     );
     let err = s
         .runtime
-        .collect("suite-nope", "file", 1 << 20, &mut Vec::new())
+        .collect(&rid("suite-nope"), "file", 1 << 20, &mut Vec::new())
         .unwrap_err();
     assert!(matches!(&err, RuntimeError::UnknownRun { .. }), "{err:?}");
 }
@@ -205,7 +212,10 @@ pub fn what_it_cannot_do_is_refused(s: &Subject, unsupported: Resources) -> Runt
         matches!(&err, RuntimeError::Unsupported { runtime, .. } if *runtime == s.name),
         "{err:?}"
     );
-    assert!(s.runtime.status("suite-limits").is_err(), "nothing started");
+    assert!(
+        s.runtime.status(&rid("suite-limits")).is_err(),
+        "nothing started"
+    );
     err
 }
 

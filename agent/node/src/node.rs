@@ -7,7 +7,7 @@ use crate::state::{Launch, StateError, Store};
 use fleet_proto::content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
 use fleet_proto::run::Workload;
-use fleet_proto::{Digest, UploadId};
+use fleet_proto::{Digest, RunId, UploadId};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -109,14 +109,14 @@ impl Node {
             Command::Start(start) => self.start(op, start),
             Command::Stop { run_id } => self
                 .runtime
-                .stop(run_id.as_str())
+                .stop(run_id)
                 .map(|()| Reply::Stopped {
                     run_id: run_id.clone(),
                 })
                 .map_err(refused),
             Command::Status { run_id } => self
                 .runtime
-                .status(run_id.as_str())
+                .status(run_id)
                 .map(|s| Reply::Status {
                     run_id: run_id.clone(),
                     state: s.state,
@@ -128,7 +128,7 @@ impl Node {
                 path,
                 upload,
                 max_bytes,
-            } => self.collect(run_id.as_str(), path, upload, max_bytes.unwrap_or(u64::MAX)),
+            } => self.collect(run_id, path, upload, max_bytes.unwrap_or(u64::MAX)),
             Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
@@ -262,7 +262,7 @@ impl Node {
         }
         hold_point("run-recorded");
         let spec = RunSpec {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             workload: start.workload.clone(),
             argv: start
                 .options
@@ -299,7 +299,11 @@ impl Node {
             if record.state != RunState::Starting {
                 continue;
             }
-            match self.runtime.status(&record.run_id) {
+            // The node records only ids that a start carried, so each parses.
+            let Ok(run_id) = fleet_proto::RunId::parse(&record.run_id) else {
+                continue;
+            };
+            match self.runtime.status(&run_id) {
                 Err(RuntimeError::UnknownRun { .. }) => {}
                 // Launched before the crash, or not readable now: the watch takes it from here.
                 _ => continue,
@@ -457,7 +461,7 @@ impl Node {
 
     /// Opens the run's file (bounded by `max_bytes`; the process runtime reads it in place, a
     /// runtime that cannot copies it to scratch first) and uploads it, hashed as it goes.
-    fn collect(&self, run_id: &str, path: &str, upload: &UploadId, max_bytes: u64) -> Answer {
+    fn collect(&self, run_id: &RunId, path: &str, upload: &UploadId, max_bytes: u64) -> Answer {
         let other = |m: String| Refusal::new(RefusalClass::Other, m);
         std::fs::create_dir_all(&self.scratch)
             .map_err(|e| other(format!("cannot create {}: {e}", self.scratch.display())))?;

@@ -22,6 +22,7 @@ pub use process::{DEFAULT_ROOT, ProcessRuntime, SUPERVISOR_NAME};
 pub use routed::Routed;
 pub use watch::{SyncReport, sync_run, sync_runs};
 
+use fleet_proto::RunId;
 use std::ffi::OsString;
 use std::io::Seek;
 use std::path::{Path, PathBuf};
@@ -30,7 +31,7 @@ use std::time::Duration;
 /// Everything needed to start one run: a staged program or an image, both by digest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunSpec {
-    pub run_id: String,
+    pub run_id: RunId,
     pub workload: Workload,
     /// Arguments after the program, as raw bytes (not necessarily UTF-8).
     pub argv: Vec<OsString>,
@@ -51,9 +52,9 @@ pub struct RunSpec {
 
 impl RunSpec {
     /// A spec with only the required fields; the rest take the runtime's defaults.
-    pub fn new(run_id: impl Into<String>, workload: Workload) -> RunSpec {
+    pub fn new(run_id: RunId, workload: Workload) -> RunSpec {
         RunSpec {
-            run_id: run_id.into(),
+            run_id,
             workload,
             argv: Vec::new(),
             timeout: None,
@@ -129,14 +130,14 @@ pub trait Runtime: Send + Sync {
     fn start(&self, spec: &RunSpec) -> Result<Started, RuntimeError>;
     /// Stops a run the way its timeout would (polite signal, then a kill after its grace) and
     /// returns once it has ended; stopping a run that already ended changes nothing.
-    fn stop(&self, run_id: &str) -> Result<(), RuntimeError>;
+    fn stop(&self, run_id: &RunId) -> Result<(), RuntimeError>;
     /// The run's current state.
-    fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError>;
+    fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError>;
     /// Streams a file of the run's folder into `sink`, refusing one over `max_bytes` before any
     /// byte is written, and returns its digest and size.
     fn collect(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         path: &str,
         max_bytes: u64,
         sink: &mut dyn std::io::Write,
@@ -147,7 +148,7 @@ pub trait Runtime: Send + Sync {
     /// file safely saves that pass over the bytes.
     fn open_collected(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         path: &str,
         max_bytes: u64,
         scratch: &Path,

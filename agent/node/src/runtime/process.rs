@@ -5,6 +5,7 @@ use super::{
     RuntimeError, Started, Workload,
 };
 use fleet_proto::Digest;
+use fleet_proto::RunId;
 use fleet_proto::run::OutputEnd;
 use run_store::Refusal;
 use std::ffi::OsString;
@@ -163,7 +164,7 @@ impl Runtime for ProcessRuntime {
 
     fn start(&self, spec: &RunSpec) -> Result<Started, RuntimeError> {
         let unsupported = |what: &str, hint| RuntimeError::Unsupported {
-            run_id: spec.run_id.clone(),
+            run_id: spec.run_id.to_string(),
             what: what.to_string(),
             runtime: "process",
             hint,
@@ -183,12 +184,9 @@ impl Runtime for ProcessRuntime {
                 "the supervisor enforces only the timeout and output limit; run it as an image",
             ));
         }
-        let run_id = run_store::RunId::parse(&spec.run_id).map_err(|e| RuntimeError::Refused {
-            run_id: spec.run_id.clone(),
-            reason: e.to_string(),
-        })?;
+        let run_id = &spec.run_id;
         // The supervisor's command line is built by its own library, which also parses it.
-        let mut start = run_store::cli::Start::new(&run_id, program, spec.argv.iter().cloned());
+        let mut start = run_store::cli::Start::new(run_id, program, spec.argv.iter().cloned());
         start.timeout = spec.timeout;
         start.grace = spec.grace;
         start.output_limit = spec.output_limit;
@@ -206,28 +204,24 @@ impl Runtime for ProcessRuntime {
                 class: Refusal::NotStaged,
                 ..
             }) => Err(RuntimeError::UnknownProgram {
-                run_id: spec.run_id.clone(),
+                run_id: spec.run_id.to_string(),
                 program: program.to_string(),
             }),
-            Err(f) => Err(f.for_run(&spec.run_id)),
+            Err(f) => Err(f.for_run(spec.run_id.as_str())),
         }
     }
 
-    fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
+    fn stop(&self, run_id: &RunId) -> Result<(), RuntimeError> {
         let stop = run_store::cli::Command::Stop {
             run: run_id.to_string(),
         };
         self.call_ok(&stop.to_args())
             .map(drop)
-            .map_err(|f| f.for_run(run_id))
+            .map_err(|f| f.for_run(run_id.as_str()))
     }
 
-    fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
-        let id = run_store::RunId::parse(run_id).map_err(|e| RuntimeError::Refused {
-            run_id: run_id.to_string(),
-            reason: e.to_string(),
-        })?;
-        match self.store().status(&id) {
+    fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
+        match self.store().status(run_id) {
             Ok(status) => Ok(convert(status)),
             Err(run_store::Error::UnknownRun { .. }) => Err(RuntimeError::UnknownRun {
                 run_id: run_id.to_string(),
@@ -241,7 +235,7 @@ impl Runtime for ProcessRuntime {
 
     fn collect(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         path: &str,
         max_bytes: u64,
         mut sink: &mut dyn std::io::Write,
@@ -258,28 +252,25 @@ impl Runtime for ProcessRuntime {
     /// The run's own file, opened without leaving its folder: no copy (`scratch` is unused).
     fn open_collected(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         path: &str,
         max_bytes: u64,
         _scratch: &Path,
     ) -> Result<CollectedFile, RuntimeError> {
-        let id = run_store::RunId::parse(run_id).map_err(|e| RuntimeError::Refused {
-            run_id: run_id.to_string(),
-            reason: e.to_string(),
-        })?;
         self.status(run_id)?;
-        let file = run_store::inside::open_in_run(&self.store(), &id, path.as_ref()).map_err(
-            |e| match e {
-                run_store::inside::OpenError::Escapes(_) => RuntimeError::PathEscapes {
-                    run_id: run_id.to_string(),
-                    path: path.to_string(),
-                },
-                e => RuntimeError::Refused {
-                    run_id: run_id.to_string(),
-                    reason: e.to_string(),
-                },
-            },
-        )?;
+        let file =
+            run_store::inside::open_in_run(&self.store(), run_id, path.as_ref()).map_err(|e| {
+                match e {
+                    run_store::inside::OpenError::Escapes(_) => RuntimeError::PathEscapes {
+                        run_id: run_id.to_string(),
+                        path: path.to_string(),
+                    },
+                    e => RuntimeError::Refused {
+                        run_id: run_id.to_string(),
+                        reason: e.to_string(),
+                    },
+                }
+            })?;
         let size = (file.metadata())
             .map_err(|e| RuntimeError::Refused {
                 run_id: run_id.to_string(),

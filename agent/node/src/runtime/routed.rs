@@ -11,6 +11,7 @@ use super::{
     Changes, Collected, ProcessRuntime, RunSpec, RunStatus, Runtime, RuntimeError, Started,
     Workload,
 };
+use fleet_proto::RunId;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -117,24 +118,24 @@ impl Runtime for Routed {
             Workload::Image(_) => match self.docker() {
                 Ok(docker) => docker.start(spec),
                 Err(reason) => Err(RuntimeError::NoEngine {
-                    run_id: spec.run_id.clone(),
+                    run_id: spec.run_id.to_string(),
                     reason,
                 }),
             },
         }
     }
 
-    fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
-        self.routed(run_id, |rt| rt.stop(run_id))
+    fn stop(&self, run_id: &RunId) -> Result<(), RuntimeError> {
+        self.routed(run_id.as_str(), |rt| rt.stop(run_id))
     }
 
-    fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
-        self.routed(run_id, |rt| rt.status(run_id))
+    fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
+        self.routed(run_id.as_str(), |rt| rt.status(run_id))
     }
 
     fn collect(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         path: &str,
         max_bytes: u64,
         sink: &mut dyn std::io::Write,
@@ -153,12 +154,12 @@ impl Runtime for Routed {
 
     fn open_collected(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         path: &str,
         max_bytes: u64,
         scratch: &Path,
     ) -> Result<super::CollectedFile, RuntimeError> {
-        self.routed(run_id, |rt| {
+        self.routed(run_id.as_str(), |rt| {
             rt.open_collected(run_id, path, max_bytes, scratch)
         })
     }

@@ -7,6 +7,7 @@
 //! (re-adoption) and its periodic poll.
 use super::{RunReport, RunState, Runtime, RuntimeError};
 use crate::state::{Event, StateError, Store};
+use fleet_proto::RunId;
 
 /// What one sync did.
 #[derive(Debug, Default)]
@@ -56,7 +57,10 @@ fn sync_record(
     recorded: RunState,
     report: &mut SyncReport,
 ) -> Result<(), StateError> {
-    let (state, run_report) = match runtime.status(run_id) {
+    let id = RunId::parse(run_id).map_err(|_| StateError::UnknownRun {
+        run_id: run_id.to_string(),
+    })?;
+    let (state, run_report) = match runtime.status(&id) {
         Ok(status) => (status.state, status.report),
         Err(RuntimeError::UnknownRun { .. }) if recorded == RunState::Starting => return Ok(()),
         Err(RuntimeError::UnknownRun { .. }) => (

@@ -17,7 +17,7 @@ use std::time::Duration;
 pub(super) fn image_and_argv(spec: &RunSpec) -> Result<(ImageRef, Vec<String>), RuntimeError> {
     let run_id = &spec.run_id;
     let unsupported = |what: String, hint| RuntimeError::Unsupported {
-        run_id: run_id.clone(),
+        run_id: run_id.to_string(),
         what,
         runtime: NAME,
         hint,
@@ -31,10 +31,6 @@ pub(super) fn image_and_argv(spec: &RunSpec) -> Result<(ImageRef, Vec<String>), 
             ));
         }
     };
-    run_store::RunId::parse(run_id).map_err(|e| RuntimeError::Refused {
-        run_id: run_id.clone(),
-        reason: e.to_string(),
-    })?;
     let mut argv = Vec::with_capacity(spec.argv.len());
     for (n, arg) in spec.argv.iter().enumerate() {
         let Some(text) = arg.to_str() else {
@@ -58,7 +54,7 @@ impl DockerRuntime {
         let r = &spec.resources;
         let millis = |d: Duration| d.as_millis().to_string();
         let mut labels = HashMap::from([
-            (LABEL_RUN.to_string(), spec.run_id.clone()),
+            (LABEL_RUN.to_string(), spec.run_id.to_string()),
             (LABEL_AGENT.to_string(), self.agent.clone()),
             (
                 LABEL_GRACE_MS.to_string(),

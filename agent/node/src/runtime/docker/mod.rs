@@ -33,6 +33,7 @@ pub use tidy::Tidy;
 use super::{Changes, Collected, RunSpec, RunState, RunStatus, Runtime, RuntimeError, Started};
 use bollard::Docker;
 use bollard::errors::Error as ApiError;
+use fleet_proto::RunId;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -189,22 +190,22 @@ impl Runtime for DockerRuntime {
         self.rt().block_on(self.start_async(spec, &image, argv))
     }
 
-    fn stop(&self, run_id: &str) -> Result<(), RuntimeError> {
-        self.rt().block_on(self.stop_async(run_id))
+    fn stop(&self, run_id: &RunId) -> Result<(), RuntimeError> {
+        self.rt().block_on(self.stop_async(run_id.as_str()))
     }
 
-    fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
-        self.rt().block_on(self.observe(run_id))
+    fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
+        self.rt().block_on(self.observe(run_id.as_str()))
     }
 
     fn collect(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         path: &str,
         max_bytes: u64,
         sink: &mut dyn std::io::Write,
     ) -> Result<Collected, RuntimeError> {
-        collect::collect(self, run_id, path, max_bytes, sink)
+        collect::collect(self, run_id.as_str(), path, max_bytes, sink)
     }
 
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
