@@ -1,82 +1,9 @@
-//! Content digests (`sha256:<64 hex>`) and readers/writers that check bytes against one as they stream.
+//! Readers and writers that check bytes against a content digest as they stream; the digest
+//! itself is the workspace's one `Digest` (fleet-vocab).
 use sha2::{Digest as _, Sha256};
-use std::fmt;
 use std::io::{self, Read, Write};
-use std::str::FromStr;
 
-/// A SHA-256 content digest, written `sha256:<64 lowercase hex>`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Digest([u8; 32]);
-
-/// Why a string is not a digest.
-#[derive(Debug, thiserror::Error)]
-#[error("bad digest {0:?}: expected sha256:<64 lowercase hex digits>")]
-pub struct DigestError(pub String);
-
-impl Digest {
-    /// The digest of some bytes.
-    pub fn of(bytes: &[u8]) -> Digest {
-        Digest(Sha256::digest(bytes).into())
-    }
-
-    /// Parses `sha256:<64 lowercase hex>`; anything else (other algorithms, upper case) is refused.
-    pub fn parse(s: &str) -> Result<Digest, DigestError> {
-        let bad = || DigestError(s.to_string());
-        let hex_part = s.strip_prefix("sha256:").ok_or_else(bad)?;
-        if hex_part.len() != 64
-            || !hex_part
-                .bytes()
-                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        {
-            return Err(bad());
-        }
-        let mut raw = [0u8; 32];
-        hex::decode_to_slice(hex_part, &mut raw).map_err(|_| bad())?;
-        Ok(Digest(raw))
-    }
-
-    /// The 64 hex digits, without the `sha256:` prefix (the blob's file name in a layout).
-    pub fn hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
-    /// The raw 32 bytes.
-    pub fn bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-}
-
-impl fmt::Display for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.hex())
-    }
-}
-
-impl fmt::Debug for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl FromStr for Digest {
-    type Err = DigestError;
-    fn from_str(s: &str) -> Result<Digest, DigestError> {
-        Digest::parse(s)
-    }
-}
-
-impl serde::Serialize for Digest {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Digest {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Digest, D::Error> {
-        let s = String::deserialize(d)?;
-        Digest::parse(&s).map_err(serde::de::Error::custom)
-    }
-}
+pub use fleet_vocab::{Digest, DigestError};
 
 /// A running SHA-256 with a byte count, for bytes that arrive in pieces.
 #[derive(Clone, Default)]
@@ -109,7 +36,7 @@ impl Hasher {
 
     /// The digest and length of everything fed.
     pub fn finish(self) -> (Digest, u64) {
-        (Digest(self.sha.finalize().into()), self.len)
+        (Digest::from_hasher(self.sha), self.len)
     }
 }
 

@@ -534,7 +534,7 @@ mod node_commands {
     fn start(run_id: &str, program: &Digest) -> Command {
         Command::Start(StartRun {
             run_id: fleet_proto::RunId::parse(run_id).unwrap(),
-            workload: Workload::Program(program.clone()),
+            workload: Workload::Program(*program),
             registry_auth: None,
             options: RunOptions {
                 argv: vec![Bytes(b"x".to_vec())],
@@ -551,9 +551,7 @@ mod node_commands {
         std::fs::write(&file, bytes).unwrap();
         let held = fleet_agent::node::content_blobs(&dir.join("state"));
         assert_eq!(held.import(&file).unwrap().0, digest);
-        let command = Command::Stage {
-            digest: digest.clone(),
-        };
+        let command = Command::Stage { digest };
         (digest, command)
     }
 
@@ -587,7 +585,7 @@ mod node_commands {
         let (program, input, staged_only) = (import("program"), import("input"), import("staged"));
         // A run's record refers to its program and its inputs; a stage no run followed, to none.
         let record = |run: &str| {
-            let workload = Workload::Program(program.clone());
+            let workload = Workload::Program(program);
             node.store
                 .track_run_with(run, &workload, std::slice::from_ref(&input))
                 .unwrap();
@@ -623,7 +621,7 @@ mod node_commands {
         );
         let mut removed = node.prune_content(Duration::ZERO).unwrap();
         removed.sort_by_key(|d| d.to_string());
-        let mut expected = vec![program.clone(), input.clone()];
+        let mut expected = vec![program, input];
         expected.sort_by_key(|d| d.to_string());
         assert_eq!(removed, expected);
         assert!(held.list().unwrap().is_empty(), "no content left");
@@ -638,9 +636,7 @@ mod node_commands {
         let (digest, stage_cmd) = stage(dir.path(), program.as_bytes());
         assert_eq!(
             node.execute("stage-1", 1, &stage_cmd),
-            Ok(Reply::Staged {
-                digest: digest.clone()
-            })
+            Ok(Reply::Staged { digest })
         );
 
         let first = node.execute("start-a", 1, &start("r-a", &digest));

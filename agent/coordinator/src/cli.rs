@@ -1,8 +1,8 @@
 //! The `fleet-coordinator` command line: argument structs with their help, apart from the handlers.
 use clap::{Args, Parser, Subcommand};
+use fleet_cli::duration;
+use fleet_cli::logging::LogFormat;
 use fleet_coordinator as coordinator;
-use fleet_proto::duration;
-use fleet_proto::logging::LogFormat;
 use std::path::PathBuf;
 use std::time::Duration;
 

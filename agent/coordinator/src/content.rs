@@ -7,7 +7,7 @@
 use crate::Coordinator;
 use crate::error::{CoordinatorError, Dropped};
 use crate::runs::off_thread;
-use fleet_proto::content::{self, Streamed};
+use fleet_content::{self as content, Streamed};
 use fleet_proto::protocol::{self, Down, Up};
 use fleet_proto::{Digest, NodeId, UploadId};
 use sha2::Sha256;

@@ -7,8 +7,8 @@ use crate::live::{Beats, Credentials, FleetView, Pulls, Sessions, Tickets, Traff
 use crate::store::{
     self, Backend, KEEP_FINAL_RUNS, PostgresBackend, RedbBackend, Store, StoreError, StoreResult,
 };
-use fleet_proto::content::Blobs;
-use fleet_proto::fsutil;
+use fleet_content::Blobs;
+use fleet_content::files;
 use fleet_proto::pin;
 use rcgen::KeyPair;
 use std::path::{Path, PathBuf};
@@ -99,7 +99,7 @@ impl Coordinator {
             path: data.to_path_buf(),
             cause,
         };
-        fsutil::create_private_dir(data).map_err(data_err)?;
+        files::create_private_dir(data).map_err(data_err)?;
         let key = load_or_create_key(&data.join(KEY_FILE))?;
         let store = Arc::new(Store::open(store.backend(data)?, KEEP_FINAL_RUNS)?);
         Ok(Coordinator {
@@ -199,7 +199,7 @@ fn load_or_create_key(path: &Path) -> Result<KeyPair, CoordinatorError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key =
                 KeyPair::generate_for(&rcgen::PKCS_ED25519).map_err(|e| corrupt(e.to_string()))?;
-            fsutil::write_atomic(path, key.serialize_pem().as_bytes(), 0o600).map_err(|cause| {
+            files::write_atomic(path, key.serialize_pem().as_bytes(), 0o600).map_err(|cause| {
                 CoordinatorError::DataDir {
                     path: path.to_path_buf(),
                     cause,

@@ -4,7 +4,7 @@
 //! bootstrap failed says why (it names its token only by the hash), recorded on that token so
 //! `nodes` shows it.
 use super::{Coordinator, bundle_path, file_sha256};
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use std::path::Path;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

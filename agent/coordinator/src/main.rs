@@ -4,10 +4,10 @@ mod cli;
 use anyhow::{Context, Result};
 use clap::Parser;
 use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
+use fleet_cli::binary;
 use fleet_coordinator::runs::{RunRequest, RunView};
 use fleet_coordinator::{self as coordinator, Coordinator, NodeView, StoreLocation, TokenRequest};
 use fleet_coordinator::{operator, serve, userdata};
-use fleet_proto::binary;
 use fleet_proto::joinfile::JoinFile;
 use fleet_proto::run::RunOptions;
 use std::io::Write;
@@ -150,7 +150,7 @@ fn run_coordinator(args: Cli) -> Result<()> {
 /// The run request, with the program and inputs streamed into the blob store first: this
 /// command shares the data folder with the serving coordinator, so it writes the blobs itself,
 /// one streamed copy of any size, and sends only their digests.
-fn run_request(r: &RunArgs, blobs: &fleet_proto::content::Blobs) -> Result<RunRequest> {
+fn run_request(r: &RunArgs, blobs: &fleet_content::Blobs) -> Result<RunRequest> {
     let import = |flag: &str, path: &std::path::Path| {
         blobs
             .import(path)
@@ -324,7 +324,7 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
         "{:<20} {:<7} {:<16} {:<8} {:>4} {:>4} {:<14} PUBLIC KEY",
         "ID", "STATE", "NAME", "ARCH", "CPUS", "GPUS", "HEARTBEAT"
     );
-    let now = fleet_proto::fsutil::now_ms();
+    let now = fleet_proto::clock::now_ms();
     for n in nodes {
         let facts = n.facts.as_ref();
         let beat = n.last_heartbeat_ms.map_or("never".to_string(), |t| {

@@ -6,7 +6,7 @@
 //! coordinator holds ([`Up::Relay`]), and for a blob by digest ([`Up::Fetch`]).
 use crate::runs::off_thread;
 use crate::{Coordinator, KEY_FILE};
-use fleet_proto::content::{self, ContentError};
+use fleet_content::{self as content, ContentError};
 use fleet_proto::dial::DialError;
 use fleet_proto::protocol::{
     self, Answer, Command, Down, FrameError, Refusal, RefusalClass, Reply, Up,
@@ -114,7 +114,7 @@ pub(crate) async fn pull(
         let dialed = dial(coordinator, address).await;
         let mut stream = dialed.map_err(|e| failed(e.to_string()))?;
         let fetch = Up::Copy {
-            digest: digest.clone(),
+            digest: *digest,
             offset,
         };
         protocol::write_msg(&mut stream, &fetch)
@@ -146,7 +146,7 @@ impl Coordinator {
             let upload = expected.name().clone();
             drop(expected);
             if let Ok(Reply::Collected { digest, .. }) = &answer {
-                let (blobs, digest) = (self.blobs().clone(), digest.clone());
+                let (blobs, digest) = (self.blobs().clone(), *digest);
                 let kept =
                     off_thread(move || blobs.commit(&blobs.collected(&upload), &digest)).await;
                 if let Err(e) = kept {
@@ -180,7 +180,7 @@ impl Coordinator {
             }
         }
         Err(match failures.is_empty() {
-            true => PeerError::Nowhere(digest.clone()),
+            true => PeerError::Nowhere(*digest),
             false => PeerError::Each(failures),
         })
     }

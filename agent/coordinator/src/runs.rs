@@ -2,7 +2,7 @@
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
 use crate::store::RunRow;
 use crate::{Coordinator, CoordinatorError};
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
 use fleet_proto::{Digest, NodeId, RunId, UploadId};
@@ -24,7 +24,7 @@ pub struct RunRequest {
     #[serde(default)]
     pub all: bool,
     /// The program to stage and run, by digest, already in the coordinator's blob store
-    /// ([`fleet_proto::content::Blobs::import`]); or else `image`.
+    /// ([`fleet_content::Blobs::import`]); or else `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<Digest>,
     /// An image to run, `HOST/REPO@sha256:HEX` (never a tag), on the node's Docker engine.
@@ -121,7 +121,7 @@ impl From<RunRow> for RunView {
 }
 
 /// A file collected from a run: checked against `digest` as it landed, it waits at
-/// [`fleet_proto::content::Blobs::collected`] for `upload` until the CLI moves it to `--out`.
+/// [`fleet_content::Blobs::collected`] for `upload` until the CLI moves it to `--out`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Collected {
     pub digest: Digest,
@@ -191,7 +191,7 @@ impl Coordinator {
     pub fn create_runs(&self, request: &RunRequest) -> Result<SetView, CoordinatorError> {
         let bad = |m: String| CoordinatorError::Request(m);
         let (workload, program) = match (&request.program, &request.image) {
-            (Some(digest), None) => (Workload::Program(digest.clone()), Some(digest)),
+            (Some(digest), None) => (Workload::Program(*digest), Some(digest)),
             (None, Some(image)) => {
                 let image = ImageRef::parse(image).map_err(bad)?;
                 (Workload::Image(image), None)
@@ -418,7 +418,7 @@ impl Coordinator {
             (false, None) => None,
         };
         let command = Command::Replicate {
-            digest: digest.clone(),
+            digest: *digest,
             read,
         };
         match self.call_node(&node_id, "replicate", command).await? {

@@ -4,7 +4,7 @@ use crate::Coordinator;
 use crate::error::CoordinatorError;
 use crate::store::TokenRecord;
 use base64::Engine;
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::{JoinFile, Secret, TOKEN_PREFIX};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};

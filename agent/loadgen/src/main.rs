@@ -32,7 +32,7 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     join_concurrency: usize,
     /// Stop after this long
-    #[arg(long, default_value = "10m", value_parser = fleet_proto::duration::parse)]
+    #[arg(long, default_value = "10m", value_parser = fleet_cli::duration::parse)]
     duration: Duration,
 }
 
@@ -262,7 +262,7 @@ async fn answer<W: AsyncWrite + Unpin>(
                     outcome,
                     ..RunReport::default()
                 },
-                at_unix_ms: fleet_proto::fsutil::now_ms(),
+                at_unix_ms: fleet_proto::clock::now_ms(),
             };
             spool.unacked.push(event.clone());
             protocol::write_msg(writer, &Up::Event { event }).await?;

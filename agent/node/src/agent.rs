@@ -7,7 +7,7 @@ use crate::join::{self, JoinError};
 use crate::node::Node;
 use crate::runtime::{ProcessRuntime, Routed};
 use crate::session::{self, SessionSettings};
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::{self, JoinFile, JoinFileError};
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -2,8 +2,9 @@
 use clap::Parser;
 use fleet_agent::agent;
 use fleet_agent::runtime::docker::{EngineAddress, TlsFiles};
-use fleet_proto::logging::LogFormat;
-use fleet_proto::{duration, joinfile};
+use fleet_cli::duration;
+use fleet_cli::logging::LogFormat;
+use fleet_proto::joinfile;
 use std::path::PathBuf;
 use std::time::Duration;
 

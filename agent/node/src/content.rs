@@ -4,7 +4,7 @@
 //! resumes from its length; content already held whole is never fetched again.
 use crate::dial;
 use crate::identity::Identity;
-use fleet_proto::content::{self, Blobs, ContentError, Streamed, land};
+use fleet_content::{self as content, Blobs, ContentError, Streamed, land};
 use fleet_proto::protocol::{self, Down, Up};
 use fleet_proto::{Digest, UploadId};
 use sha2::Sha256;
@@ -50,7 +50,7 @@ impl ContentLink {
                         digest,
                         Up::Fetch {
                             node_id: self.node_id.clone(),
-                            digest: digest.clone(),
+                            digest: *digest,
                             offset,
                             ticket: ticket.map(str::to_string),
                         },
@@ -137,19 +137,14 @@ impl ContentLink {
             }
         }
         let digest = Digest::from_hasher(hasher);
-        protocol::write_msg(
-            &mut stream,
-            &Up::Sent {
-                digest: digest.clone(),
-            },
-        )
-        .await
-        .map_err(|e| ContentError::Cut {
-            content: what.to_string(),
-            got: size,
-            size,
-            cause: e.to_string(),
-        })?;
+        protocol::write_msg(&mut stream, &Up::Sent { digest })
+            .await
+            .map_err(|e| ContentError::Cut {
+                content: what.to_string(),
+                got: size,
+                size,
+                cause: e.to_string(),
+            })?;
         match self.answer(&what, &mut stream).await? {
             Down::Stored { digest: stored } if stored == digest => Ok(digest),
             other => Err(unexpected(&what, &other)),

@@ -4,7 +4,7 @@
 use crate::backoff::Backoff;
 use crate::dial::{self, DialError};
 use crate::identity::Identity;
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::JoinFile;
 use fleet_proto::protocol::{self, Down, Up};
 use std::time::Duration;
@@ -17,7 +17,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 pub enum JoinError {
     #[error(
         "the coordinator did not accept the join token in the {} it was minted for (it is spent, expired or unknown to it): mint a new join file with `fleet-coordinator token`",
-        fleet_proto::duration::human(*.0)
+        fleet_cli::duration::human(*.0)
     )]
     Expired(Duration),
     #[error(transparent)]

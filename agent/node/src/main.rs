@@ -7,7 +7,7 @@ use cli::AgentArgs;
 use fleet_agent::agent;
 use fleet_agent::facts::FactsSource;
 use fleet_agent::session::SessionSettings;
-use fleet_proto::binary;
+use fleet_cli::binary;
 
 fn main() {
     let cli = AgentArgs::parse();

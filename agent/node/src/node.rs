@@ -4,7 +4,7 @@ use crate::content::ContentLink;
 use crate::facts::LinkMeter;
 use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started};
 use crate::state::{Launch, StateError, Store};
-use fleet_proto::content::{Blobs, ContentError};
+use fleet_content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
 use fleet_proto::run::Workload;
 use fleet_proto::{Digest, RunId, UploadId};
@@ -251,12 +251,7 @@ impl Node {
             Ok(i) => i,
             Err(refusal) => return self.fail_run(start, refusal),
         };
-        let content: Vec<Digest> = start
-            .options
-            .inputs
-            .iter()
-            .map(|(_, d)| d.clone())
-            .collect();
+        let content: Vec<Digest> = start.options.inputs.iter().map(|(_, d)| *d).collect();
         if let Err(e) = self.store.track_launch(&Launch::of(op, start), &content) {
             return Err(store_failed(e));
         }
@@ -422,7 +417,7 @@ impl Node {
         let held = root.path(digest);
         if let Ok(meta) = std::fs::metadata(&held) {
             return Ok(Reply::Replicated {
-                digest: digest.clone(),
+                digest: *digest,
                 size: meta.len(),
                 copy_ms: 0,
                 bytes_per_s: None,
@@ -439,7 +434,7 @@ impl Node {
             MintedRead::Url { url, expires_in_ms } => {
                 let deadline = taken_up + Duration::from_millis(*expires_in_ms);
                 runtime.block_on(crate::content::retrying(digest, || {
-                    fleet_proto::content::land(root, digest, |offset| {
+                    fleet_content::land(root, digest, |offset| {
                         crate::url_read::open(url, digest, offset, deadline)
                     })
                 }))
@@ -452,7 +447,7 @@ impl Node {
         meter.record(bytes_per_s, Instant::now());
         tracing::info!(%digest, size, copy_ms = copy.as_millis() as u64, bytes_per_s, "artifact replicated");
         Ok(Reply::Replicated {
-            digest: digest.clone(),
+            digest: *digest,
             size,
             copy_ms: copy.as_millis() as u64,
             bytes_per_s: Some(bytes_per_s),

@@ -1,9 +1,9 @@
 //! An artifact read through an external HTTP(S) URL (an object store's presigned URL, say): one
 //! GET asking for the bytes from the offset already held, its body streamed into
-//! [`fleet_proto::content::land`]. HTTPS trusts the system's roots (or `SSL_CERT_FILE`), through rustls
+//! [`fleet_content::land`]. HTTPS trusts the system's roots (or `SSL_CERT_FILE`), through rustls
 //! on ring. The URL is the whole credential and is never logged.
+use fleet_content::ContentError;
 use fleet_proto::Digest;
-use fleet_proto::content::ContentError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};

@@ -1,9 +1,9 @@
 //! The node protocol, shared by the machine's agent (`fleet-agent`) and the coordinator
 //! (`fleet-coordinator`): messages and framing, pinned TLS, join files, facts, runs.
 //!
-//! API: every module is public; `protocol` and `run` are the wire, `pin` and `joinfile` the
-//! trust, `facts` what a machine reports. `binary`, `fsutil`, `duration` and `logging` are the
-//! small helpers both binaries share.
+//! API: every module is public; `protocol`, `run` and `clock` are the wire, `pin`, `dial` and
+//! `joinfile` the trust, `facts` what a machine reports. The words it speaks in (digests, run,
+//! node, operation and upload ids) are `fleet-vocab`'s, re-exported here.
 /// Serde for a type that travels as its text: written by `Display`, read back by `$parse`
 /// (`fn(&str) -> Result<Self, String>`), whose refusal is the decoder's error.
 macro_rules! serde_as_text {
@@ -23,18 +23,12 @@ macro_rules! serde_as_text {
     };
 }
 
-pub mod binary;
-pub mod content;
+pub mod clock;
 pub mod dial;
-pub mod duration;
 pub mod facts;
-pub mod fsutil;
-pub mod ids;
 pub mod joinfile;
-pub mod logging;
 pub mod pin;
 pub mod protocol;
 pub mod run;
 
-pub use ids::{NodeId, OpId, UploadId};
-pub use run_store::{Bytes, Digest, RunId};
+pub use fleet_vocab::{Bytes, Digest, NodeId, OpId, RunId, UploadId};

@@ -1,9 +1,9 @@
 //! The node protocol's messages and their framing: a u32 big-endian length, then JSON, bounded.
 use crate::facts::Facts;
-use crate::ids::{NodeId, OpId, UploadId};
 use crate::joinfile::Secret;
 use crate::run::{Event, RunOptions, RunReport, RunState, Workload};
-use run_store::{Digest, RunId};
+use fleet_vocab::{Digest, NodeId, OpId, RunId, UploadId};
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

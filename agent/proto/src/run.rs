@@ -3,7 +3,7 @@
 //! One [`RunState`] goes from the node's store through the wire to the coordinator's rows and
 //! views; an [`Outcome`] is filled by whichever runtime ran the work and read by the coordinator
 //! without knowing which one did.
-use run_store::{Bytes, Digest, RunId};
+use fleet_vocab::{Bytes, Digest, RunId};
 use serde::{Deserialize, Serialize};
 
 /// Where a run is in its life. `waiting` is the coordinator's alone (no node has taken it yet).

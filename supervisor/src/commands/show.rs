@@ -2,8 +2,9 @@
 use crate::supervise::LAST_BYTES;
 use crate::sys;
 use anyhow::Result;
+use run_store::Bytes;
 use run_store::layout::{STDERR_FILE, STDOUT_FILE};
-use run_store::record::{Bytes, StreamRecord};
+use run_store::record::StreamRecord;
 use run_store::{RunId, RunStatus, State, Store, lock};
 use serde_json::{Value, json};
 use std::fs::File;

@@ -1,6 +1,6 @@
 //! One output stream of a run: keeps the first `limit` bytes in its file, counts and hashes
 //! everything, remembers the last bytes, and never stops reading (the program is never blocked).
-use run_store::record::{Bytes, StreamRecord};
+use run_store::{Bytes, StreamRecord};
 use run_store::{Digest, describe_io};
 use sha2::{Digest as _, Sha256};
 use std::fs::File;

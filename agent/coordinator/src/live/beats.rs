@@ -3,7 +3,7 @@
 use super::guarded::Guarded;
 use crate::store::Beat;
 use fleet_proto::NodeId;
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use std::collections::HashMap;
 use std::sync::Arc;
 

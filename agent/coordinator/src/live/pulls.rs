@@ -23,7 +23,7 @@ impl Pulls {
                 Some(lock) => lock,
                 None => {
                     let lock = Arc::new(Mutex::new(()));
-                    by_digest.insert(digest.clone(), Arc::downgrade(&lock));
+                    by_digest.insert(*digest, Arc::downgrade(&lock));
                     lock
                 }
             }

@@ -44,7 +44,7 @@ impl Tickets {
         let ticket = hex::encode(raw);
         let minted = Ticket {
             node_id: node_id.clone(),
-            digest: digest.clone(),
+            digest: *digest,
             until: Instant::now() + valid,
         };
         let mut all = self.minted.lock();
@@ -64,11 +64,11 @@ impl Tickets {
         digest: &Digest,
     ) -> Result<(), TicketRefusal> {
         match self.minted.lock().remove(ticket) {
-            None => Err(TicketRefusal::Unknown(digest.clone())),
+            None => Err(TicketRefusal::Unknown(*digest)),
             Some(t) if &t.node_id != node_id || t.digest != *digest => {
-                Err(TicketRefusal::Mismatch(digest.clone()))
+                Err(TicketRefusal::Mismatch(*digest))
             }
-            Some(t) if Instant::now() >= t.until => Err(TicketRefusal::Expired(digest.clone())),
+            Some(t) if Instant::now() >= t.until => Err(TicketRefusal::Expired(*digest)),
             Some(_) => Ok(()),
         }
     }
@@ -107,7 +107,7 @@ mod tests {
         let t4 = tickets.mint(&n1, &digest);
         assert_eq!(
             tickets.spend(&t4, &n2, &digest),
-            Err(TicketRefusal::Mismatch(digest.clone())),
+            Err(TicketRefusal::Mismatch(digest)),
             "another node cannot spend it"
         );
     }

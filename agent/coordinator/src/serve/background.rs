@@ -4,7 +4,7 @@
 use super::ServeConfig;
 use crate::store::Beat;
 use crate::{Coordinator, CoordinatorError};
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -6,7 +6,7 @@ use super::link::{self, Stopping};
 use crate::content::{Asker, refuse};
 use crate::error::Dropped;
 use crate::{Coordinator, node_id, token_hash};
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::Secret;
 use fleet_proto::pin::{self, CertInfo};
 use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, Up};

@@ -9,7 +9,7 @@ use crate::Coordinator;
 use crate::error::Dropped;
 use crate::live::{NodeCall, SessionHandle, beat_now};
 use crate::store::{Applied, Beat, Change, NodeEvent, RunRow, StoreError};
-use fleet_proto::fsutil::now_ms;
+use fleet_proto::clock::now_ms;
 use fleet_proto::pin::{CLOCK_SKEW, CertInfo};
 use fleet_proto::protocol::{self, Answer, Command, Down, StartRun, Up};
 use fleet_proto::run::Workload;
@@ -237,9 +237,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             if let Workload::Program(program) = &run.workload
                 && self.staged.insert(program.to_string())
             {
-                let stage = Command::Stage {
-                    digest: program.clone(),
-                };
+                let stage = Command::Stage { digest: *program };
                 let stage_op = OpId::new(format!("stage-{}", program.hex()));
                 self.inflight.insert(stage_op.clone(), Pending::Stage);
                 self.send(stage_op, stage).await?;

@@ -680,7 +680,7 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
     assert_eq!(refs(&store, &p), 1);
     let mut with_input = run("r2", "s2", NODE_A, b"p", 2);
     let input = digest(b"i");
-    with_input.options.inputs = vec![("data".into(), input.clone())];
+    with_input.options.inputs = vec![("data".into(), input)];
     store.create_set("s2", &[with_input]).unwrap();
     assert_eq!(
         refs(&store, &input.to_string()),

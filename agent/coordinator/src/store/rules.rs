@@ -4,8 +4,8 @@ use super::{
     Backend, Beat, BootstrapFailure, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx, Redeemed,
     RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
 };
+use fleet_proto::clock::now_ms;
 use fleet_proto::facts::Facts;
-use fleet_proto::fsutil::now_ms;
 use fleet_proto::run::RunState;
 use fleet_proto::{NodeId, RunId};
 use std::collections::BTreeMap;

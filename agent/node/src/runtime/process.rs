@@ -241,10 +241,12 @@ impl Runtime for ProcessRuntime {
         mut sink: &mut dyn std::io::Write,
     ) -> Result<Collected, RuntimeError> {
         let mut collected = self.open_collected(run_id, path, max_bytes, Path::new(""))?;
-        let (digest, size) = fleet_proto::content::copy_hashing(&mut collected.file, &mut sink)
-            .map_err(|e| RuntimeError::Refused {
-                run_id: run_id.to_string(),
-                reason: format!("cannot send the collected {path}: {e}"),
+        let (digest, size) =
+            fleet_content::copy_hashing(&mut collected.file, &mut sink).map_err(|e| {
+                RuntimeError::Refused {
+                    run_id: run_id.to_string(),
+                    reason: format!("cannot send the collected {path}: {e}"),
+                }
             })?;
         Ok(Collected { digest, size })
     }

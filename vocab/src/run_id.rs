@@ -1,16 +1,20 @@
 //! Run ids: 1 to 64 characters of `[A-Za-z0-9._-]`, never `.` or `..`, so an id is always one
 //! safe path component.
-use crate::Error;
 use std::fmt;
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RunId(String);
 
+/// Why a string is not a run id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad run id {0:?}: use 1 to 64 characters of A-Z a-z 0-9 . _ - (not . or ..)")]
+pub struct RunIdError(pub String);
+
 impl RunId {
-    pub fn parse(s: &str) -> Result<Self, Error> {
+    pub fn parse(s: &str) -> Result<Self, RunIdError> {
         let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         if s.is_empty() || s.len() > 64 || s == "." || s == ".." || !s.chars().all(allowed) {
-            return Err(Error::BadRunId(s.to_string()));
+            return Err(RunIdError(s.to_string()));
         }
         Ok(Self(s.to_string()))
     }

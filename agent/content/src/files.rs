@@ -1,4 +1,5 @@
-//! Crash-safe file writes: temp file, fsync, rename, fsync the folder.
+//! Crash-safe writes of small files (a key, an identity): temp file, fsync, rename, fsync the
+//! folder; and private folders.
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -37,12 +38,4 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -1,5 +1,5 @@
 //! The protocol's ids, one type each, so one is never passed where another belongs: a node, a
-//! command's operation, an upload. A run's id is the run store's own [`crate::RunId`].
+//! command's operation, an upload.
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

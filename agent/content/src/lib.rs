@@ -1,8 +1,11 @@
-//! Content by digest: the folder of content-addressed blobs both sides keep, and the streaming,
-//! hashing copy every transfer goes through. Memory stays flat with the content's size: one
-//! buffer of [`CHUNK`] bytes per transfer.
-use crate::ids::UploadId;
-use run_store::Digest;
+//! Content by digest, for the agent and the coordinator alike: the folder of content-addressed
+//! blobs both keep, and the streaming, hashing copy every transfer goes through (the one landing
+//! that hashes, checks, resumes and renames into place). Memory stays flat with the content's
+//! size: one buffer of [`CHUNK`] bytes per transfer. `files` holds the crash-safe writes of small
+//! files both sides use for keys and identities.
+pub mod files;
+
+use fleet_vocab::{Digest, UploadId};
 use sha2::{Digest as _, Sha256};
 use std::fs::{self, File, OpenOptions};
 use std::future::Future;
@@ -409,12 +412,12 @@ where
     if got != *digest {
         let _ = tokio::fs::remove_file(&partial).await;
         return Err(ContentError::Mismatch {
-            digest: digest.clone(),
+            digest: *digest,
             got,
         });
     }
     let committed = blocking({
-        let (blobs, partial, digest) = (blobs.clone(), partial.clone(), digest.clone());
+        let (blobs, partial, digest) = (blobs.clone(), partial.clone(), *digest);
         move || blobs.commit(&partial, &digest)
     })
     .await;
@@ -435,7 +438,7 @@ fn disk_error(
     if is_no_space(&cause) {
         let _ = std::fs::remove_file(partial);
         ContentError::NoSpace {
-            digest: digest.clone(),
+            digest: *digest,
             dir: blobs.root().to_path_buf(),
             cause,
         }

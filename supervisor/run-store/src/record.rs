@@ -1,44 +1,10 @@
 //! The JSON records a run keeps: `result.json` (how it ended, schema 1) and `supervisor.json`
 //! (who supervises it now). `docs/supervisor.md` documents every field.
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use fleet_vocab::Bytes;
+use serde::{Deserialize, Serialize};
 
 /// The version of both records; a reader refuses any other.
 pub const SCHEMA: u32 = 1;
-
-/// Bytes that may not be UTF-8 (argv, output ends): a JSON string when they are valid UTF-8,
-/// otherwise `{"hex": "..."}`, so every byte round-trips.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Bytes(pub Vec<u8>);
-
-#[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum BytesRepr {
-    Text(String),
-    Hex { hex: String },
-}
-
-impl Serialize for Bytes {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match std::str::from_utf8(&self.0) {
-            Ok(text) => BytesRepr::Text(text.to_string()),
-            Err(_) => BytesRepr::Hex {
-                hex: hex::encode(&self.0),
-            },
-        }
-        .serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Bytes {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match BytesRepr::deserialize(d)? {
-            BytesRepr::Text(text) => Ok(Bytes(text.into_bytes())),
-            BytesRepr::Hex { hex } => hex::decode(hex)
-                .map(Bytes)
-                .map_err(serde::de::Error::custom),
-        }
-    }
-}
 
 /// How a run ended, written once, atomically and durably, as `runs/<run>/result.json`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

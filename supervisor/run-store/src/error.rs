@@ -29,6 +29,19 @@ pub fn describe_io(e: &std::io::Error) -> String {
     }
 }
 
+impl From<fleet_vocab::RunIdError> for Error {
+    fn from(e: fleet_vocab::RunIdError) -> Error {
+        Error::BadRunId(e.0)
+    }
+}
+
+/// The supervisor names a bad digest as the program's, with its own advice.
+impl From<fleet_vocab::DigestError> for Error {
+    fn from(e: fleet_vocab::DigestError) -> Error {
+        Error::BadDigest(e.0)
+    }
+}
+
 impl Error {
     /// The exit status class this error is reported with.
     pub fn refusal(&self) -> crate::Refusal {
