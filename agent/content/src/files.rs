@@ -1,39 +1,27 @@
-//! Crash-safe writes of small files (a key, an identity): temp file, fsync, rename, fsync the
-//! folder; and private folders.
-use std::fs::{self, File, OpenOptions};
+//! Private small files (a key, an identity), written crash-safe by the run store's one atomic
+//! replacement (temp file, fsync, rename, fsync the folder), readable by their owner only.
+use std::fs::{self, Permissions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
-/// Writes `bytes` to `path` so that a reader sees the old content or the new, never a torn file.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+/// Writes `bytes` to `path` (mode 0600) so that a reader sees the old content or the new, never a
+/// torn file; the new content survives a power cut.
+pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    run_store::atomic::write_with(dir, name, true, |file| {
+        // Private before the first byte lands.
+        file.set_permissions(Permissions::from_mode(0o600))?;
+        file.write_all(bytes)
+    })
 }
 
 /// Creates a private folder (mode 0700) and its parents.
 pub fn create_private_dir(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

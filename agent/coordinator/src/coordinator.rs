@@ -199,7 +199,7 @@ fn load_or_create_key(path: &Path) -> Result<KeyPair, CoordinatorError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key =
                 KeyPair::generate_for(&rcgen::PKCS_ED25519).map_err(|e| corrupt(e.to_string()))?;
-            files::write_atomic(path, key.serialize_pem().as_bytes(), 0o600).map_err(|cause| {
+            files::write_private(path, key.serialize_pem().as_bytes()).map_err(|cause| {
                 CoordinatorError::DataDir {
                     path: path.to_path_buf(),
                     cause,

@@ -79,7 +79,7 @@ pub fn prepare_state_dir(dir: &Path) -> Result<(), IdentityError> {
     };
     files::create_private_dir(dir).map_err(not_writable)?;
     let probe = dir.join(".write-probe");
-    files::write_atomic(&probe, b"", 0o600).map_err(not_writable)?;
+    files::write_private(&probe, b"").map_err(not_writable)?;
     fs::remove_file(&probe).map_err(not_writable)
 }
 
@@ -114,7 +114,7 @@ pub fn load_or_create(dir: &Path) -> Result<Identity, IdentityError> {
             }
             let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)
                 .map_err(|e| IdentityError::Keygen(e.to_string()))?;
-            files::write_atomic(&path, key.serialize_pem().as_bytes(), 0o600)
+            files::write_private(&path, key.serialize_pem().as_bytes())
                 .map_err(|cause| IdentityError::Write { path, cause })?;
             Ok(Identity { key })
         }
@@ -147,5 +147,5 @@ pub fn load_membership(dir: &Path) -> Result<Option<Membership>, IdentityError> 
 pub fn save_membership(dir: &Path, membership: &Membership) -> Result<(), IdentityError> {
     let path = dir.join(MEMBERSHIP_FILE);
     let json = serde_json::to_vec_pretty(membership).expect("membership serializes");
-    files::write_atomic(&path, &json, 0o600).map_err(|cause| IdentityError::Write { path, cause })
+    files::write_private(&path, &json).map_err(|cause| IdentityError::Write { path, cause })
 }
