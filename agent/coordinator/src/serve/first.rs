@@ -29,31 +29,29 @@ pub(super) async fn handle_tls(
     stream: TcpStream,
     stopping: Stopping,
 ) -> Result<(), Dropped> {
-    let mut stream = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, tls.accept(stream))
-        .await
-        .map_err(|_| Dropped::HandshakeTimeout)?
-        .map_err(Dropped::Handshake)?;
-    let cert = peer_cert(&stream).ok_or(Dropped::NoClientCertificate)?;
+    // The handshake and the first read in an allocation of their own, freed once they are done:
+    // their states would otherwise be part of every session's task for as long as it lives.
+    let Opened {
+        stream,
+        cert,
+        first,
+    } = Box::pin(open(tls, stream)).await?;
     // Another coordinator of the fleet proves the fleet's own key.
     let peer = cert.key == coordinator.key().public_key_raw();
-    let first = tokio::time::timeout(
-        FIRST_MESSAGE_TIMEOUT,
-        protocol::read_msg_within::<_, Up>(&mut stream, MAX_UNIDENTIFIED_FRAME),
-    )
-    .await
-    .map_err(|_| Dropped::NoRequest)??
-    .ok_or(Dropped::ClosedEarly)?;
+    // Every connection's task is as large as the largest of these; a session lives for weeks
+    // and the rest for one transfer, so only the session's future is held in place and each
+    // other one gets an allocation of its own while it lasts.
     match first {
-        Up::Join { token, .. } => join(coordinator, config, stream, &cert, &token).await,
+        Up::Join { token, .. } => Box::pin(join(coordinator, config, stream, &cert, &token)).await,
         Up::Hello { node_id } => {
             link::session(coordinator, config, stream, cert, node_id, stopping).await
         }
         Up::Relay { node_id, command } if peer => {
-            relay(coordinator, stream, &node_id, command).await
+            Box::pin(relay(coordinator, stream, &node_id, command)).await
         }
         Up::Copy { digest, offset } if peer => {
             let mut stream = stream;
-            (coordinator.send_content(&mut stream, Asker::Peer, &digest, offset)).await
+            Box::pin(coordinator.send_content(&mut stream, Asker::Peer, &digest, offset)).await
         }
         Up::Fetch {
             node_id,
@@ -61,7 +59,7 @@ pub(super) async fn handle_tls(
             offset,
             ticket,
         } => {
-            fetch(
+            let fetched = fetch(
                 coordinator,
                 stream,
                 &cert,
@@ -69,14 +67,14 @@ pub(super) async fn handle_tls(
                 &digest,
                 offset,
                 ticket,
-            )
-            .await
+            );
+            Box::pin(fetched).await
         }
         Up::Upload {
             node_id,
             upload,
             size,
-        } => receive(coordinator, stream, &cert, &node_id, &upload, size).await,
+        } => Box::pin(receive(coordinator, stream, &cert, &node_id, &upload, size)).await,
         _ => Err(Dropped::Protocol(
             "a first message that is neither join, hello, fetch nor upload".into(),
         )),
@@ -165,6 +163,34 @@ async fn receive(
     coordinator
         .receive_content(&mut stream, node_id, upload, size)
         .await
+}
+
+/// A connection past its handshake, with its client's certificate and its first message.
+struct Opened {
+    stream: Tls,
+    cert: CertInfo,
+    first: Up,
+}
+
+/// The TLS handshake, then the first message, each within [`FIRST_MESSAGE_TIMEOUT`].
+async fn open(tls: tokio_rustls::TlsAcceptor, stream: TcpStream) -> Result<Opened, Dropped> {
+    let mut stream = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, tls.accept(stream))
+        .await
+        .map_err(|_| Dropped::HandshakeTimeout)?
+        .map_err(Dropped::Handshake)?;
+    let cert = peer_cert(&stream).ok_or(Dropped::NoClientCertificate)?;
+    let first = tokio::time::timeout(
+        FIRST_MESSAGE_TIMEOUT,
+        protocol::read_msg_within::<_, Up>(&mut stream, MAX_UNIDENTIFIED_FRAME),
+    )
+    .await
+    .map_err(|_| Dropped::NoRequest)??
+    .ok_or(Dropped::ClosedEarly)?;
+    Ok(Opened {
+        stream,
+        cert,
+        first,
+    })
 }
 
 fn peer_cert(stream: &Tls) -> Option<CertInfo> {

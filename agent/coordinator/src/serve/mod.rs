@@ -95,7 +95,8 @@ pub async fn serve(
                         tracing::info!(%peer, "closed a connection without answering: {reason}");
                     }
                 }
-                Ok(Ok(1)) => http::handle(&coordinator, &config.bundles, stream).await,
+                // Rare and short: its own allocation, so it does not size every session's task.
+                Ok(Ok(1)) => Box::pin(http::handle(&coordinator, &config.bundles, stream)).await,
                 _ => {}
             }
         });
