@@ -424,7 +424,7 @@ fn content_copied_between_coordinators_resumes_from_what_a_cut_copy_left() {
     assert_each_executed_once(&effects, &["resumed".to_string()]);
     assert!(blobs.has(&digest), "the copy landed whole at the holder");
     let sent = format!(
-        "node_id=coordinator digest={digest} offset={half} bytes={}",
+        "to=another coordinator digest={digest} offset={half} bytes={}",
         bytes.len() - half
     );
     let log = fleet.coords[other].log_text();
