@@ -22,7 +22,8 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub fn run(store: &Store, start: Start) -> Result<i32> {
     let (started, clock) = (SystemTime::now(), Instant::now());
     let id = RunId::parse(&start.run)?;
-    let digest = Digest::parse(&start.program)?;
+    // The supervisor names a bad digest as the program's (`Error::BadDigest`).
+    let digest = Digest::parse(&start.program).map_err(run_store::Error::from)?;
     check_inputs(&start.inputs)?;
     let hold = claim(store, &id)?;
 
