@@ -74,7 +74,13 @@ impl Coordinator {
             .expect("can open the coordinator log");
         // The fast defaults, unless the test sets its own.
         let mut defaults = Vec::new();
-        for (flag, value) in [("--heartbeat", "200ms"), ("--lease", "2s")] {
+        // Metrics on a free port: many coordinators of many tests share this machine.
+        let defaults_of_tests = [
+            ("--heartbeat", "200ms"),
+            ("--lease", "2s"),
+            ("--metrics-listen", "127.0.0.1:0"),
+        ];
+        for (flag, value) in defaults_of_tests {
             if !self.extra.iter().any(|e| e == flag) {
                 defaults.extend([flag, value]);
             }
@@ -99,6 +105,22 @@ impl Coordinator {
             .unwrap_or_else(|| panic!("unexpected first line from serve: {line:?}"))
             .to_string();
         self.child = Some(child);
+    }
+
+    /// The `host:port` the serving process answers /metrics, /healthz and /readyz on, from the
+    /// newest line of its log that says so.
+    pub fn metrics_addr(&self) -> String {
+        let mut found = None;
+        let said = wait_until(Duration::from_secs(10), || {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            found = (log.lines().rev())
+                .find_map(|l| l.split("serving metrics on http://").nth(1))
+                .and_then(|rest| rest.split("/metrics").next())
+                .map(str::to_string);
+            found.is_some()
+        });
+        assert!(said, "the coordinator never logged its metrics address");
+        found.unwrap_or_default()
     }
 
     /// The serving process's id.

@@ -38,6 +38,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "python3-requests",
     "python3-serial",
     "python3-yaml",
+    // The metrics listener scraped by a real Prometheus, its exposition and docs/alerts.yml
+    // checked by promtool (both in Debian's prometheus package).
+    "prometheus",
     // `cargo xtask ci --busy`: both cores and the disk loaded while the suite runs.
     "stress-ng",
 ];

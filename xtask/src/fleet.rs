@@ -85,6 +85,7 @@ impl Coordinator {
                 .arg("--data")
                 .arg(data)
                 .args(["serve", "--listen", "127.0.0.1:0"])
+                .args(metrics_default(flags))
                 .args(flags)
                 .stdout(Stdio::piped())
                 .stderr(stderr),
@@ -156,6 +157,14 @@ impl Coordinator {
 
 /// An agent joining with `join`, keeping its state, run store and cloud-init folder under
 /// `machine`, with no accelerator tool; callers add their own flags and where its output goes.
+/// Metrics on a free port unless `flags` choose: several coordinators may share this machine.
+fn metrics_default(flags: &[&str]) -> &'static [&'static str] {
+    match flags.contains(&"--metrics-listen") {
+        true => &[],
+        false => &["--metrics-listen", "127.0.0.1:0"],
+    }
+}
+
 pub fn agent(bin: &Path, join: &Path, machine: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("--join-file")

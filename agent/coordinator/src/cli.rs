@@ -216,6 +216,12 @@ pub struct ServeArgs {
     /// On shutdown, how long connections get to finish before they are cut
     #[arg(long, default_value = "10s", value_parser = duration::parse)]
     pub shutdown_grace: Duration,
+    /// Where to serve /metrics (Prometheus), /healthz and /readyz, or `off`
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub metrics_listen: String,
+    /// A file holding the bearer token /metrics asks for (needed off loopback; mode 600)
+    #[arg(long)]
+    pub metrics_auth: Option<PathBuf>,
 }
 
 #[derive(Args)]

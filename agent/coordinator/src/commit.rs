@@ -2,6 +2,7 @@
 //! the changes waiting at that moment in one transaction ([`Store::apply`]) and answers each. A
 //! fleet of sessions then costs one commit per batch, not one per message: the disk sync (redb)
 //! or the round trip and WAL flush (PostgreSQL) is shared by everything that arrived meanwhile.
+use crate::metrics::Recorder;
 use crate::store::{Applied, Change, Store, StoreError, StoreResult};
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -37,11 +38,11 @@ impl Drop for Committer {
 
 impl Committer {
     /// Starts the writer thread over `store`.
-    pub fn start(store: Arc<Store>) -> Committer {
+    pub fn start(store: Arc<Store>, recorder: Recorder) -> Committer {
         let (requests, inbox) = mpsc::channel::<Request>();
         let writer = std::thread::Builder::new()
             .name("store-commit".into())
-            .spawn(move || write_batches(&store, &inbox))
+            .spawn(move || write_batches(&store, &inbox, &recorder))
             .expect("a thread for the store's commits");
         Committer {
             requests: Some(requests),
@@ -84,7 +85,7 @@ fn apply_through_outages(store: &Store, changes: &[Change]) -> Vec<StoreResult<A
     }
 }
 
-fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>) {
+fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>, recorder: &Recorder) {
     while let Ok(first) = inbox.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -94,10 +95,10 @@ fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>) {
             }
         }
         let (changes, answers): (Vec<Change>, Vec<_>) = batch.into_iter().unzip();
-        for (answer, applied) in answers
-            .into_iter()
-            .zip(apply_through_outages(store, &changes))
-        {
+        let started = Instant::now();
+        let applied = apply_through_outages(store, &changes);
+        recorder.commit(store.kind(), changes.len(), started.elapsed());
+        for (answer, applied) in answers.into_iter().zip(applied) {
             let _ = answer.send(applied);
         }
     }

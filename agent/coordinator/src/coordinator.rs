@@ -4,6 +4,7 @@
 use crate::commit::Committer;
 use crate::error::CoordinatorError;
 use crate::live::{Beats, Credentials, FleetView, Pulls, Sessions, Tickets, Traffic, Uploads};
+use crate::metrics::Recorder;
 use crate::store::{
     self, Backend, KEEP_FINAL_RUNS, PostgresBackend, RedbBackend, Store, StoreError, StoreResult,
 };
@@ -69,6 +70,8 @@ pub struct Coordinator {
     fleet: FleetView,
     traffic: Traffic,
     pulls: Pulls,
+    /// The events the metrics count.
+    recorder: Recorder,
 }
 
 impl Coordinator {
@@ -102,9 +105,10 @@ impl Coordinator {
         files::create_private_dir(data).map_err(data_err)?;
         let key = load_or_create_key(&data.join(KEY_FILE))?;
         let store = Arc::new(Store::open(store.backend(data)?, KEEP_FINAL_RUNS)?);
+        let recorder = Recorder::default();
         Ok(Coordinator {
             data: data.to_path_buf(),
-            commits: Committer::start(store.clone()),
+            commits: Committer::start(store.clone(), recorder.clone()),
             store,
             key,
             blobs: blobs(data),
@@ -116,6 +120,7 @@ impl Coordinator {
             fleet: FleetView::default(),
             traffic: Traffic::default(),
             pulls: Pulls::default(),
+            recorder,
         })
     }
 
@@ -186,6 +191,10 @@ impl Coordinator {
 
     pub(crate) fn pulls(&self) -> &Pulls {
         &self.pulls
+    }
+
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.recorder
     }
 }
 

@@ -124,15 +124,28 @@ fn route(path: &str) -> Option<(&'static str, bool)> {
         .map(|a| (a, want_sum))
 }
 
-struct Request {
-    method: String,
-    path: String,
+/// One HTTP/1.1 request as read: its line, headers and a bounded body.
+pub(crate) struct Request {
+    pub(crate) method: String,
+    /// The target as sent, query included.
+    pub(crate) path: String,
+    headers: Vec<(String, String)>,
     /// At most [`MAX_REASON`] bytes of the body.
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Request {
+    /// The first header of that name (case-insensitive), trimmed.
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        (self.headers.iter())
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// Reads the head, and for a POST its body (by `content-length`, at most [`MAX_REASON`] bytes).
-async fn read_request(stream: &mut TcpStream) -> Option<Request> {
+/// None for anything that is not a request within 10 s.
+pub(crate) async fn read_request(stream: &mut TcpStream) -> Option<Request> {
     let mut data = Vec::new();
     let mut buf = [0u8; 1024];
     let read = async {
@@ -153,10 +166,13 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
         let mut lines = head.lines();
         let mut parts = lines.next()?.split_whitespace();
         let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
-        let length = lines
+        let headers: Vec<(String, String)> = lines
             .filter_map(|l| l.split_once(':'))
-            .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let length = (headers.iter())
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse::<usize>().ok())
             .unwrap_or(0)
             .min(MAX_REASON);
         let mut body = data[end..].to_vec();
@@ -168,7 +184,12 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
             body.extend_from_slice(&buf[..n]);
         }
         body.truncate(length);
-        Some(Request { method, path, body })
+        Some(Request {
+            method,
+            path,
+            headers,
+            body,
+        })
     };
     tokio::time::timeout(Duration::from_secs(10), read)
         .await
@@ -176,10 +197,21 @@ async fn read_request(stream: &mut TcpStream) -> Option<Request> {
 }
 
 async fn respond(stream: &mut TcpStream, status: &str, body: &[u8]) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\ncontent-length: {}\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
+    respond_with(stream, status, &[("content-type", "text/plain")], body).await
+}
+
+/// Answers with `status`, the headers given, and `body`, then closes.
+pub(crate) async fn respond_with(
+    stream: &mut TcpStream,
+    status: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<()> {
+    let mut head = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n", body.len());
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("connection: close\r\n\r\n");
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body).await?;
     stream.shutdown().await

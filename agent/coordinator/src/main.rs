@@ -7,10 +7,11 @@ use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
 use fleet_cli::binary;
 use fleet_coordinator::runs::{RunRequest, RunView};
 use fleet_coordinator::{self as coordinator, Coordinator, NodeView, StoreLocation, TokenRequest};
-use fleet_coordinator::{operator, serve, userdata};
+use fleet_coordinator::{metrics, operator, serve, userdata};
 use fleet_proto::joinfile::JoinFile;
 use fleet_proto::run::RunOptions;
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -371,14 +372,37 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         let advertise = args.advertise.unwrap_or_else(|| local.clone());
         config.advertise = advertise.clone();
         tracing::info!(listen = %local, key = %coordinator.public_key_text(), data = %data.display(), store = %coordinator.store().location(), "coordinator serving");
+        let metrics = bind_metrics(&args.metrics_listen, args.metrics_auth.as_deref()).await?;
         let socket = operator::bind(data).context("cannot open the operator socket")?;
         let socket = tokio::spawn(operator::listen(socket, coordinator.clone(), Some(advertise)));
+        let (stop_metrics, metrics_stop) = tokio::sync::oneshot::channel::<()>();
+        if let Some(metrics) = metrics {
+            let addr = metrics.local_addr()?;
+            tracing::info!(%addr, "serving metrics on http://{addr}/metrics (and /healthz, /readyz)");
+            let stopped = async move {
+                let _ = metrics_stop.await;
+            };
+            tokio::spawn(metrics::serve_metrics(coordinator.clone(), metrics, stopped));
+        }
         println!("listening on {local}");
         let served = serve::serve(coordinator.clone(), listener, config, binary::stop_signal()).await;
+        drop(stop_metrics);
         socket.abort();
         let _ = std::fs::remove_file(operator::socket_path(data));
         served.context("the coordinator stopped")
     })
+}
+
+/// The diagnostic listener `--metrics-listen` asks for (none for `off`), checked before serving.
+async fn bind_metrics(
+    listen: &str,
+    auth: Option<&Path>,
+) -> Result<Option<metrics::MetricsListener>> {
+    let auth = auth.map(metrics::BearerToken::from_file).transpose()?;
+    if listen == "off" {
+        return Ok(None);
+    }
+    Ok(Some(metrics::MetricsListener::bind(listen, auth).await?))
 }
 
 /// Files this process may open, less a reserve for its store, blobs and logs: one a connection.

@@ -89,7 +89,10 @@ pub(crate) async fn relay(
             node_id: node_id.clone(),
         })?;
     match answered? {
-        Some(Down::Relayed { answer }) => Ok(answer),
+        Some(Down::Relayed { answer }) => {
+            coordinator.recorder().relayed();
+            Ok(answer)
+        }
         other => Err(PeerError::Unexpected {
             address: address.to_string(),
             node_id: node_id.clone(),
@@ -126,7 +129,9 @@ pub(crate) async fn pull(
             other => Err(failed(format!("{address} answered a fetch with {other:?}"))),
         }
     });
-    Ok(landed.await.map(drop)?)
+    landed.await?;
+    coordinator.recorder().copied_from_peer();
+    Ok(())
 }
 
 impl Coordinator {

@@ -1,6 +1,6 @@
 //! The run API, mirroring the hub's `fleet.run`, `fleet.run.status` and `fleet.run.collect`: a set
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
-use crate::store::RunRow;
+use crate::store::{RunMoved, RunRow};
 use crate::{Coordinator, CoordinatorError};
 use fleet_proto::clock::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
@@ -84,6 +84,11 @@ pub struct RunView {
     pub refused_events: Vec<RefusedEvent>,
     /// The runtime's own record of the run, as the node sent it (opaque here).
     pub detail: Option<serde_json::Value>,
+    /// When `run` created it, and when it last changed, by the coordinator's clock (Unix ms).
+    #[serde(default)]
+    pub created_ms: u64,
+    #[serde(default)]
+    pub updated_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,6 +121,8 @@ impl From<RunRow> for RunView {
             outcome,
             error: row.error,
             detail,
+            created_ms: row.created_ms,
+            updated_ms: row.updated_ms,
         }
     }
 }
@@ -581,7 +588,15 @@ impl Coordinator {
                 })
             };
             if let Some((state, reason)) = verdict {
-                self.store().fail_run(&row.id, state, &reason)?;
+                let now = self.store().fail_run(&row.id, state, &reason)?;
+                if let Some(ended) = now.filter(|r| r.state == state && r.error == Some(reason)) {
+                    self.recorder().runs_moved(&[RunMoved {
+                        state,
+                        outcome: None,
+                        created_ms: ended.created_ms,
+                        at_ms: ended.updated_ms,
+                    }]);
+                }
                 self.credentials().release(&row.id);
             }
         }

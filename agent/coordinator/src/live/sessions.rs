@@ -33,6 +33,8 @@ impl SessionHandle {
 #[derive(Default)]
 pub(crate) struct Sessions {
     by_node: Guarded<HashMap<NodeId, SessionHandle>>,
+    /// Whether `serve` takes new sessions now: from its first accept until its drain.
+    accepting: std::sync::atomic::AtomicBool,
 }
 
 /// A session's place in [`Sessions`], given up when dropped, whichever way the session ended,
@@ -81,6 +83,15 @@ impl Sessions {
 
     pub(crate) fn holds(&self, node_id: &NodeId) -> bool {
         self.by_node.lock().contains_key(node_id)
+    }
+
+    /// `serve` takes new sessions (true) or no longer does (false).
+    pub(crate) fn set_accepting(&self, accepting: bool) {
+        (self.accepting).store(accepting, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn accepting(&self) -> bool {
+        self.accepting.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// How many sessions are held here now.

@@ -54,8 +54,14 @@ async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
         }
         // Apart from the group commit's queue: a backlog of runs' changes never delays a lease.
         let kept = beats.clone();
+        let recorder = coordinator.recorder().clone();
         let written = coordinator
-            .with_store(move |store| store.write_leases(&beats))
+            .with_store(move |store| {
+                let started = std::time::Instant::now();
+                let written = store.write_leases(&beats);
+                recorder.leases_written(store.kind(), started.elapsed());
+                written
+            })
             .await;
         if let Err(e) = written {
             tracing::warn!("writing heartbeats failed (tried again with the next ones): {e}");

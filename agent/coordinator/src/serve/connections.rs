@@ -1,6 +1,7 @@
 //! The connections `serve` holds: at most a cap of them at once (a semaphore; the rest wait in
 //! the listen backlog, with one line in the log each time the cap is reached), each a task in
 //! one set, so a shutdown can wait for them for a grace and then cut what is left.
+use crate::metrics::Recorder;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ pub(super) struct Connections {
     tasks: JoinSet<()>,
     /// Whether the cap was reached and not left since: its line is logged once per time.
     full: bool,
+    recorder: Recorder,
 }
 
 /// How a drain went.
@@ -27,13 +29,14 @@ pub(super) struct Drained {
 }
 
 impl Connections {
-    pub(super) fn new(max: usize) -> Connections {
+    pub(super) fn new(max: usize, recorder: Recorder) -> Connections {
         let max = max.max(1);
         Connections {
             cap: Arc::new(Semaphore::new(max)),
             max,
             tasks: JoinSet::new(),
             full: false,
+            recorder,
         }
     }
 
@@ -46,6 +49,7 @@ impl Connections {
         }
         if !self.full {
             self.full = true;
+            self.recorder.cap_reached();
             tracing::warn!(
                 max_connections = self.max,
                 "the connection cap of {} is reached: new connections wait in the listen backlog until one closes; raise --max-connections (and the open-file limit) for more",
@@ -64,8 +68,9 @@ impl Connections {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        let open = self.recorder.connection_open();
         self.tasks.spawn(async move {
-            let _place = permit;
+            let (_place, _open) = (permit, open);
             serve().await;
         });
     }
@@ -107,7 +112,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn past_the_cap_the_next_connection_waits_until_one_ends() {
-        let mut connections = Connections::new(2);
+        let mut connections = Connections::new(2, Recorder::default());
         let (end_first, first_ends) = tokio::sync::oneshot::channel::<()>();
         let p1 = connections.permit().await;
         connections.spawn(p1, move || async move {
@@ -139,7 +144,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_waits_for_what_ends_and_cuts_the_rest_at_the_grace() {
-        let mut connections = Connections::new(1000);
+        let mut connections = Connections::new(1000, Recorder::default());
         let (stop, stopping) = watch::channel(false);
         // Each task holds a clone: once every task is gone, only this one is left.
         let held = Arc::new(());
@@ -175,7 +180,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_drain_of_connections_that_all_end_takes_no_longer_than_they_do() {
-        let mut connections = Connections::new(10);
+        let mut connections = Connections::new(10, Recorder::default());
         let permit = connections.permit().await;
         connections.spawn(permit, || tokio::time::sleep(Duration::from_millis(300)));
         let began = tokio::time::Instant::now();

@@ -137,14 +137,20 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         let (tx, mut inbox) = mpsc::channel::<Box<Read>>(BATCH);
         // A heartbeat is noted as it is read: a session waiting on a slow store stays alive.
         let (beats, lease_ms) = (self.coordinator.beats().clone(), self.lease_ms);
+        let recorder = self.coordinator.recorder().clone();
         let reading = tokio::spawn(async move {
             let mut reader = reader;
+            let mut last_beat = None;
             loop {
                 let msg = protocol::read_msg::<_, serde_json::Value>(&mut reader)
                     .await
                     .map(|m| m.map(parse_up));
                 if let Ok(Some(Inbound::Message(Up::Heartbeat))) = &msg {
                     beats.note(&node_id, lease_ms);
+                    let now = tokio::time::Instant::now();
+                    if let Some(last) = last_beat.replace(now) {
+                        recorder.heartbeat_gap(now - last);
+                    }
                 }
                 let end = !matches!(msg, Ok(Some(_)));
                 if tx.send(Box::new(msg)).await.is_err() || end {
@@ -334,11 +340,12 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 node_id: self.node_id.clone(),
                 events,
             };
-            let Applied::EventsUpTo(up_to) = self.commit(change).await? else {
+            let Applied::Events { up_to, moved } = self.commit(change).await? else {
                 return Err(Dropped::Store(StoreError::Db(
                     "storing events was answered with something else".into(),
                 )));
             };
+            self.coordinator.recorder().runs_moved(&moved);
             protocol::write_msg(&mut self.writer, &Down::Ack { up_to }).await?;
         }
         Ok(())

@@ -60,11 +60,13 @@ pub async fn serve(
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let background = background::start(&coordinator, &config);
     let (stop, stopping) = tokio::sync::watch::channel(false);
-    let mut connections = Connections::new(config.max_connections);
+    let mut connections = Connections::new(config.max_connections, coordinator.recorder().clone());
     tracing::info!(
         max_connections = config.max_connections,
         "accepting connections"
     );
+    (coordinator.recorder()).serving_with(config.heartbeat, config.lease);
+    coordinator.sessions().set_accepting(true);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -103,6 +105,7 @@ pub async fn serve(
     }
     // No new connection from here; sessions end, transfers get the grace to finish.
     drop(listener);
+    coordinator.sessions().set_accepting(false);
     let sessions = coordinator.sessions().count();
     let _ = stop.send(true);
     let drained = connections.drain(config.shutdown_grace).await;

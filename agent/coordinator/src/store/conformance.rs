@@ -8,7 +8,7 @@
 //! The checks panic on the first broken rule, naming it.
 use super::{
     Applied, Backend, Beat, BootstrapFailure, Change, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow,
-    SCHEMA_VERSION, Store, StoreError, TokenRecord,
+    SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord,
 };
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
 
@@ -991,14 +991,17 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
     assert_eq!(answers.len(), changes.len(), "one answer per change");
     assert_eq!(answers[0].as_ref().ok(), Some(&Applied::Generation(1)));
     assert_eq!(answers[1].as_ref().ok(), Some(&Applied::Done));
-    assert_eq!(answers[2].as_ref().ok(), Some(&Applied::EventsUpTo(1)));
+    assert_eq!(events_up_to(&answers[2]), Some(1));
+    let moved = moved_states(&answers[2]);
+    assert_eq!(moved, [RunState::Finished], "the event moved r1 once");
     assert!(
         matches!(&answers[3], Err(StoreError::Corrupt(what)) if what.contains("n-never-joined")),
         "{:?}",
         answers[3]
     );
     assert_eq!(answers[4].as_ref().ok(), Some(&Applied::Done));
-    assert_eq!(answers[5].as_ref().ok(), Some(&Applied::EventsUpTo(4)));
+    assert_eq!(events_up_to(&answers[5]), Some(4));
+    assert_eq!(moved_states(&answers[5]), [RunState::Running]);
     assert_eq!(state_of(&store, "r1"), RunState::Finished);
     assert_eq!(state_of(&store, "r2"), RunState::Running);
     let a = store.node(&nid(NODE_A)).unwrap().unwrap();
@@ -1016,8 +1019,26 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
     let again = store.apply(&changes[..3]);
     assert_eq!(again[0].as_ref().ok(), Some(&Applied::Generation(2)));
     assert_eq!(
-        again[2].as_ref().ok(),
-        Some(&Applied::EventsUpTo(1)),
+        events_up_to(&again[2]),
+        Some(1),
         "a change applied twice is deduped as a node's resent event is"
     );
+    assert!(
+        moved_states(&again[2]).is_empty(),
+        "a deduped event moves no run"
+    );
+}
+
+fn events_up_to(answer: &StoreResult<Applied>) -> Option<u64> {
+    match answer {
+        Ok(Applied::Events { up_to, .. }) => Some(*up_to),
+        _ => None,
+    }
+}
+
+fn moved_states(answer: &StoreResult<Applied>) -> Vec<RunState> {
+    match answer {
+        Ok(Applied::Events { moved, .. }) => moved.iter().map(|m| m.state).collect(),
+        other => panic!("events were answered with {other:?}"),
+    }
 }

@@ -32,7 +32,7 @@ mod rules;
 pub use self::postgres::PostgresBackend;
 pub use redb::RedbBackend;
 
-pub use rules::{Applied, Change};
+pub use rules::{Applied, Change, RunMoved};
 
 /// The newest this many final runs of each node are kept by default, as a machine keeps its run
 /// folders.
@@ -269,6 +269,8 @@ pub enum Layout {
 /// What a database provides to [`Store`]: typed records inside transactions. It holds no rules;
 /// every method does exactly what it says to the records named.
 pub trait Backend: Send + Sync {
+    /// Which database this is (`redb`, `postgres`), for metrics.
+    fn kind(&self) -> &'static str;
     /// The store's file or database, for messages.
     fn location(&self) -> String;
     /// What is there: nothing, a coordinator store of some version, or something else.

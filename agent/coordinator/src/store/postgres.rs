@@ -389,6 +389,10 @@ fn count(value: i64) -> u64 {
 }
 
 impl Backend for PostgresBackend {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
     fn location(&self) -> String {
         self.location.clone()
     }

@@ -79,6 +79,10 @@ impl RedbBackend {
 }
 
 impl Backend for RedbBackend {
+    fn kind(&self) -> &'static str {
+        "redb"
+    }
+
     fn location(&self) -> String {
         self.path.display().to_string()
     }

@@ -6,7 +6,7 @@ use super::{
 };
 use fleet_proto::clock::now_ms;
 use fleet_proto::facts::Facts;
-use fleet_proto::run::RunState;
+use fleet_proto::run::{Outcome, RunState};
 use fleet_proto::{NodeId, RunId};
 use std::collections::BTreeMap;
 
@@ -52,6 +52,11 @@ impl Store {
     /// How many final runs of each node the retention keeps.
     pub fn keep_final_runs(&self) -> u64 {
         self.keep_final_runs
+    }
+
+    /// Which database holds the store (`redb`, `postgres`).
+    pub fn kind(&self) -> &'static str {
+        self.backend.kind()
     }
 
     /// The store's file or database, for messages.
@@ -392,7 +397,7 @@ impl Store {
             events: events.to_vec(),
         };
         match self.apply_one(&change)? {
-            Applied::EventsUpTo(up_to) => Ok(up_to),
+            Applied::Events { up_to, .. } => Ok(up_to),
             other => Err(mismatch("events", &other)),
         }
     }
@@ -473,13 +478,24 @@ pub enum Change {
     },
 }
 
-/// What a [`Change`] left: a session's generation, the highest event id stored from the node,
-/// or nothing to report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a [`Change`] left: a session's generation, the highest event id stored from the node
+/// with the runs its events moved, or nothing to report.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Applied {
     Generation(u64),
-    EventsUpTo(u64),
+    Events { up_to: u64, moved: Vec<RunMoved> },
     Done,
+}
+
+/// A run that reached a new state in a committed change: what the metrics count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunMoved {
+    pub state: RunState,
+    /// How it ended, when it is final and its node said.
+    pub outcome: Option<Outcome>,
+    pub created_ms: u64,
+    /// When the change was applied, by the coordinator's clock.
+    pub at_ms: u64,
 }
 
 /// The same outage, for each change of a batch.
@@ -539,6 +555,7 @@ fn apply_change(tx: &mut dyn WriteTx, keep: u64, change: &Change) -> StoreResult
         }
         Change::Events { node_id, events } => {
             let mut node = known_node(tx, node_id)?;
+            let mut moved = Vec::new();
             for event in events {
                 if event.id() <= node.last_event_id {
                     continue;
@@ -549,12 +566,24 @@ fn apply_change(tx: &mut dyn WriteTx, keep: u64, change: &Change) -> StoreResult
                     continue;
                 };
                 let before = Indexed::of(&row);
+                let state_before = row.state;
                 record_event(&mut row, event);
                 row.updated_ms = now_ms();
                 save_run(tx, keep, before, &row)?;
+                if row.state != state_before {
+                    moved.push(RunMoved {
+                        state: row.state,
+                        outcome: (row.report.as_ref()).and_then(|r| r.outcome.clone()),
+                        created_ms: row.created_ms,
+                        at_ms: row.updated_ms,
+                    });
+                }
             }
             tx.set_last_event_id(node_id, node.last_event_id)?;
-            Ok(Applied::EventsUpTo(node.last_event_id))
+            Ok(Applied::Events {
+                up_to: node.last_event_id,
+                moved,
+            })
         }
     }
 }

@@ -1,0 +1,219 @@
+//! The events a coordinator counts as they happen. Each part of the coordinator that sees one
+//! records it here; the handles are shared counters and histograms, cheap to clone, and the
+//! scrape registers the same handles each time.
+use crate::store::RunMoved;
+use fleet_proto::run::{Outcome, RunState};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+type Labels2 = [(&'static str, &'static str); 2];
+type Histograms = Family<Labels2, Histogram, fn() -> Histogram>;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Recorder {
+    run_start: Histogram,
+    runs_ended: Family<Labels2, Counter>,
+    heartbeat_gap: Histogram,
+    commit_seconds: Histograms,
+    commit_batch: Histogram,
+    cap_reached: Counter,
+    connections: Gauge,
+    relays: Counter,
+    peer_copies: Counter,
+    heartbeat_period: Gauge<f64, AtomicU64>,
+    lease: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Recorder {
+    fn default() -> Recorder {
+        Recorder {
+            // 50 ms to about 27 min: a start on an idle fleet to one queued behind a long pull.
+            run_start: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
+            runs_ended: Family::default(),
+            // 0.5 s to about 2 min: a heartbeat on time (5 s by default) up to one past any lease.
+            heartbeat_gap: Histogram::new(exponential_buckets(0.5, 2.0, 9)),
+            // 0.5 ms to about 4 s: an fsync on a quiet disk to a database under a failover.
+            commit_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+            }),
+            // 1 to 512: the group commit's largest batch is 512 changes.
+            commit_batch: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            cap_reached: Counter::default(),
+            connections: Gauge::default(),
+            relays: Counter::default(),
+            peer_copies: Counter::default(),
+            heartbeat_period: Gauge::default(),
+            lease: Gauge::default(),
+        }
+    }
+}
+
+impl Recorder {
+    /// What `serve` was told: the heartbeat it asks of agents and the lease it grants.
+    pub(crate) fn serving_with(&self, heartbeat: Duration, lease: Duration) {
+        self.heartbeat_period.set(heartbeat.as_secs_f64());
+        self.lease.set(lease.as_secs_f64());
+    }
+
+    /// Runs that moved in one committed change.
+    pub(crate) fn runs_moved(&self, moved: &[RunMoved]) {
+        for m in moved {
+            if m.state == RunState::Running {
+                let waited = m.at_ms.saturating_sub(m.created_ms);
+                self.run_start.observe(waited as f64 / 1000.0);
+            }
+            if m.state.is_final() {
+                let how = how_it_ended(m.outcome.as_ref());
+                let labels = [("state", state_label(m.state)), ("how", how)];
+                self.runs_ended.get_or_create(&labels).inc();
+            }
+        }
+    }
+
+    /// The time since the session's previous heartbeat, as one is heard.
+    pub(crate) fn heartbeat_gap(&self, gap: Duration) {
+        self.heartbeat_gap.observe(gap.as_secs_f64());
+    }
+
+    /// One group commit of `changes` on `backend`.
+    pub(crate) fn commit(&self, backend: &'static str, changes: usize, took: Duration) {
+        let labels = [("backend", backend), ("writes", "changes")];
+        self.commit_seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        self.commit_batch.observe(changes as f64);
+    }
+
+    /// One write of the heartbeats heard in the last second, on `backend`.
+    pub(crate) fn leases_written(&self, backend: &'static str, took: Duration) {
+        let labels = [("backend", backend), ("writes", "leases")];
+        self.commit_seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn cap_reached(&self) {
+        self.cap_reached.inc();
+    }
+
+    /// A connection served from now until the guard is dropped.
+    pub(crate) fn connection_open(&self) -> OpenConnection {
+        self.connections.inc();
+        OpenConnection(self.connections.clone())
+    }
+
+    pub(crate) fn relayed(&self) {
+        self.relays.inc();
+    }
+
+    pub(crate) fn copied_from_peer(&self) {
+        self.peer_copies.inc();
+    }
+
+    /// Registers every handle (clones sharing the same values) in `registry`.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "fleet_run_start_seconds",
+            "Time from a run's creation to its node reporting it running",
+            self.run_start.clone(),
+        );
+        registry.register(
+            "fleet_runs_ended",
+            "Runs that reached a final state through this coordinator, by state and by what ended them",
+            self.runs_ended.clone(),
+        );
+        registry.register(
+            "fleet_heartbeat_interval_seconds",
+            "Time between two heartbeats of one session, as this coordinator heard them",
+            self.heartbeat_gap.clone(),
+        );
+        registry.register(
+            "fleet_store_commit_seconds",
+            "Time one store transaction took, by backend, for the group commit (writes=changes) and the heartbeat writer (writes=leases)",
+            self.commit_seconds.clone(),
+        );
+        registry.register(
+            "fleet_store_commit_batch_size",
+            "Changes applied in one group commit",
+            self.commit_batch.clone(),
+        );
+        registry.register(
+            "fleet_connection_cap_reached",
+            "Times the connection cap was reached (new connections then wait in the listen backlog)",
+            self.cap_reached.clone(),
+        );
+        registry.register(
+            "fleet_connections_open",
+            "Connections this coordinator serves now (sessions, joins and transfers)",
+            self.connections.clone(),
+        );
+        registry.register(
+            "fleet_heartbeat_period_seconds",
+            "How often this coordinator asks agents for a heartbeat (serve --heartbeat)",
+            self.heartbeat_period.clone(),
+        );
+        registry.register(
+            "fleet_lease_seconds",
+            "How long a node stays joined without a heartbeat (serve --lease)",
+            self.lease.clone(),
+        );
+        registry.register(
+            "fleet_relays",
+            "Commands this coordinator relayed through the coordinator holding the node's session, answered",
+            self.relays.clone(),
+        );
+        registry.register(
+            "fleet_peer_copies",
+            "Blobs copied from another coordinator of the fleet",
+            self.peer_copies.clone(),
+        );
+    }
+}
+
+/// A final run's outcome in a few words: what ended it, never its exit code's value.
+pub(crate) fn how_it_ended(outcome: Option<&Outcome>) -> &'static str {
+    let Some(o) = outcome else {
+        return "no_outcome";
+    };
+    if o.timed_out {
+        "timed_out"
+    } else if o.stopped {
+        "stopped"
+    } else if o.oom_killed == Some(true) {
+        "oom_killed"
+    } else if o.signal.is_some() {
+        "signal"
+    } else {
+        match o.exit_code {
+            Some(0) => "exit_zero",
+            Some(_) => "exit_nonzero",
+            None => "no_outcome",
+        }
+    }
+}
+
+/// Counts one open connection while it lives (one pointer in each connection's task).
+#[derive(Debug)]
+pub(crate) struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+pub(crate) fn state_label(state: RunState) -> &'static str {
+    match state {
+        RunState::Waiting => "waiting",
+        RunState::Starting => "starting",
+        RunState::Running => "running",
+        RunState::Finished => "finished",
+        RunState::Failed => "failed",
+        RunState::Lost => "lost",
+    }
+}
