@@ -6,6 +6,7 @@ pub mod pki;
 pub mod postgres;
 pub mod registry;
 pub mod runtime_suite;
+pub mod webdriver;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -41,6 +41,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The metrics listener scraped by a real Prometheus, its exposition and docs/alerts.yml
     // checked by promtool (both in Debian's prometheus package).
     "prometheus",
+    // The status page tested in a real browser through WebDriver.
+    "chromium",
+    "chromium-driver",
     // `cargo xtask ci --busy`: both cores and the disk loaded while the suite runs.
     "stress-ng",
 ];

@@ -1,7 +1,9 @@
-//! The diagnostic listener: `GET /metrics`, `/healthz` and `/readyz` over plain HTTP/1.1, one
-//! request a connection. Off loopback it needs a bearer token (`serve --metrics-auth FILE`);
-//! `/healthz` and `/readyz` answer without one, as load balancers and watchdogs ask them.
+//! The diagnostic listener: `GET /metrics`, `/healthz`, `/readyz` and the status page over plain
+//! HTTP/1.1, one request a connection (a page's event stream holds its connection). Off loopback
+//! the metrics and the page need a bearer token (`serve --metrics-auth FILE`); `/healthz` and
+//! `/readyz` answer without one, as load balancers and watchdogs ask them.
 use super::auth::BearerToken;
+use super::page::{self, Page, PageError};
 use super::scrape::{self, Format};
 use crate::Coordinator;
 use crate::http::{self, Request};
@@ -11,8 +13,13 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-/// Requests served at once; past it the next connections wait in the listen backlog.
-const MAX_REQUESTS: usize = 16;
+/// Connections served at once; past it the next ones wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 128;
+/// Open pages (event streams) at once, so that scrapes always find a place; past it a page's
+/// stream is answered 503.
+const MAX_STREAMS: usize = 64;
+/// How often an open page gets its body again.
+const REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A bound diagnostic listener, with who may read it.
 #[derive(Debug)]
@@ -61,24 +68,29 @@ impl MetricsListener {
     }
 }
 
-/// Serves the diagnostic endpoints until `shutdown` resolves.
+/// Serves the diagnostic endpoints until `shutdown` resolves; open pages' streams end with it.
 pub async fn serve_metrics(
     coordinator: Arc<Coordinator>,
     listener: MetricsListener,
     shutdown: impl Future<Output = ()>,
 ) {
     let MetricsListener { listener, auth } = listener;
-    let auth = Arc::new(auth);
-    let places = Arc::new(Semaphore::new(MAX_REQUESTS));
+    let shared = Arc::new(Shared {
+        coordinator,
+        auth,
+        streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+        stopping: tokio::sync::watch::channel(false).0,
+    });
+    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         let place = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => break,
             place = places.clone().acquire_owned() => place,
         };
-        let Ok(place) = place else { return };
+        let Ok(place) = place else { break };
         let stream = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
@@ -88,60 +100,88 @@ pub async fn serve_metrics(
                 }
             },
         };
-        let (coordinator, auth) = (coordinator.clone(), auth.clone());
+        let shared = shared.clone();
         tokio::spawn(async move {
             let _place = place;
-            if let Err(e) = answer(&coordinator, auth.as_ref().as_ref(), stream).await {
+            if let Err(e) = answer(&shared, stream).await {
                 tracing::debug!(error = %e, "a metrics client went away");
             }
         });
     }
+    let _ = shared.stopping.send(true);
 }
 
-/// What a request asks for, by its method and path (the query is ignored).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What every request of the listener reads.
+struct Shared {
+    coordinator: Arc<Coordinator>,
+    auth: Option<BearerToken>,
+    streams: Arc<Semaphore>,
+    stopping: tokio::sync::watch::Sender<bool>,
+}
+
+/// What a request asks for, by its method and path.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Route {
     Metrics,
     Health,
     Ready,
-    NotFound,
+    Page(Page),
+    /// The event stream of the page named by its `view` parameter.
+    Events(Page),
+    Refused(PageError),
     NotAllowed,
 }
 
 fn route(request: &Request) -> Route {
-    let path = request.path.split('?').next().unwrap_or_default();
-    let route = match path {
-        "/metrics" => Route::Metrics,
-        "/healthz" => Route::Health,
-        "/readyz" => Route::Ready,
-        _ => return Route::NotFound,
-    };
-    match request.method.as_str() {
-        "GET" => route,
-        _ => Route::NotAllowed,
+    if request.method != "GET" {
+        return Route::NotAllowed;
     }
+    let path = request.path.split('?').next().unwrap_or_default();
+    let parsed = match path {
+        "/metrics" => return Route::Metrics,
+        "/healthz" => return Route::Health,
+        "/readyz" => return Route::Ready,
+        "/events" => events_view(&request.path).map(Route::Events),
+        _ => Page::parse(&request.path).map(Route::Page),
+    };
+    parsed.unwrap_or_else(Route::Refused)
 }
 
-async fn answer(
-    coordinator: &Coordinator,
-    auth: Option<&BearerToken>,
-    mut stream: TcpStream,
-) -> std::io::Result<()> {
+/// The page an event stream is for: its `view` parameter, a page's path and query.
+fn events_view(target: &str) -> Result<Page, PageError> {
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    let view = (query.split('&'))
+        .find_map(|p| p.strip_prefix("view="))
+        .ok_or_else(|| PageError::BadQuery("an event stream needs view=PAGE".into()))?;
+    let view = page::decode_component(view)?;
+    Page::parse(&view)
+}
+
+const TEXT: (&str, &str) = ("content-type", "text/plain; charset=utf-8");
+
+async fn answer(shared: &Shared, mut stream: TcpStream) -> std::io::Result<()> {
     let Some(request) = http::read_request(&mut stream).await else {
         return Ok(());
     };
-    let text = [("content-type", "text/plain; charset=utf-8")];
-    match route(&request) {
-        Route::Health => http::respond_with(&mut stream, "200 OK", &text, b"ok\n").await,
+    let coordinator = &shared.coordinator;
+    let route = route(&request);
+    let open = matches!(route, Route::Health | Route::Ready | Route::NotAllowed);
+    if !open
+        && !shared
+            .auth
+            .as_ref()
+            .is_none_or(|a| a.admits(request.header("authorization")))
+    {
+        let headers = [TEXT, ("www-authenticate", "Bearer")];
+        let body =
+            b"unauthorized: send the token of --metrics-auth as Authorization: Bearer TOKEN\n";
+        return http::respond_with(&mut stream, "401 Unauthorized", &headers, body).await;
+    }
+    match route {
+        Route::Health => http::respond_with(&mut stream, "200 OK", &[TEXT], b"ok\n").await,
         Route::Ready => {
             let (status, body) = readiness(coordinator).await;
-            http::respond_with(&mut stream, status, &text, body.as_bytes()).await
-        }
-        Route::Metrics if !auth.is_none_or(|a| a.admits(request.header("authorization"))) => {
-            let headers = [text[0], ("www-authenticate", "Bearer")];
-            let body =
-                b"unauthorized: send the token of --metrics-auth as Authorization: Bearer TOKEN\n";
-            http::respond_with(&mut stream, "401 Unauthorized", &headers, body).await
+            http::respond_with(&mut stream, status, &[TEXT], body.as_bytes()).await
         }
         Route::Metrics => {
             let format = Format::for_accept(request.header("accept"));
@@ -152,22 +192,31 @@ async fn answer(
                 }
                 Err(e) => {
                     let body = format!("the store cannot be read: {e}\n");
-                    http::respond_with(
-                        &mut stream,
-                        "503 Service Unavailable",
-                        &text,
-                        body.as_bytes(),
-                    )
-                    .await
+                    let status = "503 Service Unavailable";
+                    http::respond_with(&mut stream, status, &[TEXT], body.as_bytes()).await
                 }
             }
         }
-        Route::NotFound => {
-            let body = b"not found: this listener serves /metrics, /healthz and /readyz\n";
-            http::respond_with(&mut stream, "404 Not Found", &text, body).await
+        Route::Page(page) => match render(coordinator, &page).await {
+            Ok(main) => {
+                let view = request.path.clone();
+                let html = page::document(&page::title(&page), &view, &main);
+                let headers = [("content-type", "text/html; charset=utf-8")];
+                http::respond_with(&mut stream, "200 OK", &headers, html.as_bytes()).await
+            }
+            Err(e) => refuse(&mut stream, e).await,
+        },
+        Route::Events(page) => {
+            let Ok(_stream_place) = shared.streams.clone().try_acquire_owned() else {
+                let body = b"too many open pages: close one, or try again\n";
+                let status = "503 Service Unavailable";
+                return http::respond_with(&mut stream, status, &[TEXT], body).await;
+            };
+            events(coordinator, &page, stream, shared.stopping.subscribe()).await
         }
+        Route::Refused(e) => refuse(&mut stream, e).await,
         Route::NotAllowed => {
-            let headers = [text[0], ("allow", "GET")];
+            let headers = [TEXT, ("allow", "GET")];
             http::respond_with(
                 &mut stream,
                 "405 Method Not Allowed",
@@ -176,6 +225,54 @@ async fn answer(
             )
             .await
         }
+    }
+}
+
+async fn refuse(stream: &mut TcpStream, error: PageError) -> std::io::Result<()> {
+    let (status, line) = match error {
+        PageError::NotFound(line) => ("404 Not Found", line),
+        PageError::BadQuery(line) => ("400 Bad Request", line),
+        PageError::Store(line) => ("503 Service Unavailable", line),
+    };
+    http::respond_with(stream, status, &[TEXT], format!("{line}\n").as_bytes()).await
+}
+
+/// The page's body, rendered on the blocking pool (it reads the store).
+async fn render(coordinator: &Arc<Coordinator>, page: &Page) -> Result<String, PageError> {
+    let (coordinator, page) = (coordinator.clone(), page.clone());
+    tokio::task::spawn_blocking(move || {
+        let context = coordinator
+            .recorder()
+            .page_context(fleet_proto::clock::now_ms());
+        page::render_main(&coordinator, &page, &context)
+    })
+    .await
+    .unwrap_or_else(|e| Err(PageError::Store(format!("rendering failed: {e}"))))
+}
+
+/// A page's event stream: its body again every [`REFRESH`], until the page closes or the
+/// listener stops.
+async fn events(
+    coordinator: &Arc<Coordinator>,
+    page: &Page,
+    mut stream: TcpStream,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\nretry: 2000\n\n";
+    stream.write_all(head.as_bytes()).await?;
+    let mut tick = tokio::time::interval(REFRESH);
+    loop {
+        tokio::select! {
+            _ = stopping.changed() => return stream.shutdown().await,
+            _ = tick.tick() => {}
+        }
+        let message = match render(coordinator, page).await {
+            Ok(main) => page::event_message(&main),
+            // A page gone meanwhile (a pruned set) says so where it stood.
+            Err(e) => page::event_message(&format!("<p>{}</p>", page::escape(&format!("{e:?}")))),
+        };
+        stream.write_all(message.as_bytes()).await?;
     }
 }
 

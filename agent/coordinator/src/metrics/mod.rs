@@ -1,5 +1,6 @@
-//! What an operator scrapes: the coordinator's metrics in the Prometheus text format (OpenMetrics
-//! when asked), `/healthz` and `/readyz`, on a listener of their own (`serve --metrics-listen`).
+//! What an operator scrapes and looks at: the coordinator's metrics in the Prometheus text format
+//! (OpenMetrics when asked), `/healthz` and `/readyz`, and the status page (`page`), on a listener
+//! of their own (`serve --metrics-listen`).
 //!
 //! Two kinds of figures. Events counted as they happen ([`Recorder`], one per coordinator:
 //! commits, heartbeats heard, runs that started or ended through this coordinator, the connection
@@ -7,6 +8,7 @@
 //! ([`scrape`]). No label names a node, a run or a set: the series stay few whatever the fleet.
 mod auth;
 mod listener;
+mod page;
 mod recorder;
 mod scrape;
 

@@ -8,11 +8,16 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 type Labels2 = [(&'static str, &'static str); 2];
 type Histograms = Family<Labels2, Histogram, fn() -> Histogram>;
+
+/// Minutes of ended runs the status page draws.
+const MINUTES_KEPT: usize = 60;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Recorder {
@@ -27,6 +32,8 @@ pub(crate) struct Recorder {
     peer_copies: Counter,
     heartbeat_period: Gauge<f64, AtomicU64>,
     lease: Gauge<f64, AtomicU64>,
+    /// Runs ended in each of the last minutes, for the status page: (minute since the epoch, count).
+    ended_minutes: Arc<Mutex<VecDeque<(u64, u64)>>>,
 }
 
 impl Default for Recorder {
@@ -49,6 +56,7 @@ impl Default for Recorder {
             peer_copies: Counter::default(),
             heartbeat_period: Gauge::default(),
             lease: Gauge::default(),
+            ended_minutes: Arc::default(),
         }
     }
 }
@@ -71,7 +79,47 @@ impl Recorder {
                 let how = how_it_ended(m.outcome.as_ref());
                 let labels = [("state", state_label(m.state)), ("how", how)];
                 self.runs_ended.get_or_create(&labels).inc();
+                self.ended_at(m.at_ms);
             }
+        }
+    }
+
+    /// One run ended at `at_ms`, in its minute.
+    fn ended_at(&self, at_ms: u64) {
+        let minute = at_ms / 60_000;
+        let mut minutes = self
+            .ended_minutes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match minutes.back_mut() {
+            Some((m, n)) if *m == minute => *n += 1,
+            Some((m, _)) if *m > minute => {}
+            _ => minutes.push_back((minute, 1)),
+        }
+        while minutes.len() > MINUTES_KEPT {
+            minutes.pop_front();
+        }
+    }
+
+    /// What the status page draws beside the store's view, at `now_ms`.
+    pub(crate) fn page_context(&self, now_ms: u64) -> super::page::Context {
+        let now = now_ms / 60_000;
+        let minutes = self
+            .ended_minutes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let ended_per_minute = (0..MINUTES_KEPT as u64)
+            .rev()
+            .map(|ago| {
+                let minute = now.saturating_sub(ago);
+                (minutes.iter())
+                    .find(|(m, _)| *m == minute)
+                    .map_or(0, |(_, n)| *n)
+            })
+            .collect();
+        super::page::Context {
+            heartbeat_ms: (self.heartbeat_period.get() * 1000.0) as u64,
+            ended_per_minute,
         }
     }
 
