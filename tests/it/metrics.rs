@@ -362,12 +362,34 @@ fn off_loopback_the_metrics_need_the_token_and_bad_setups_are_refused_with_a_lin
     let (status, _, body) = http(&addr, "GET", "/readyz", &[]);
     assert_eq!((status, body.as_str()), (200, "ready\n"));
     let (status, _, body) = http(&addr, "GET", "/nodes/../../etc", &right);
+    assert_eq!((status, body.as_str()), (404, "no page /nodes/../../etc\n"));
+    for page in ["/", "/nodes", "/events?view=%2F"] {
+        assert_eq!(
+            http(&addr, "GET", page, &[]).0,
+            401,
+            "{page} without the token"
+        );
+    }
+    let (status, _, body) = http(&addr, "GET", "/nodes?page=x", &right);
+    assert_eq!((status, body.as_str()), (400, "page is a number from 1\n"));
+    let (status, _, body) = http(&addr, "GET", "/nodes?state=%zz", &right);
+    assert_eq!(
+        (status, body.as_str()),
+        (400, "\"%zz\" has a % not followed by two hex digits\n")
+    );
+    let (status, _, body) = http(&addr, "GET", "/sets/s-000000000000", &right);
     assert_eq!(
         (status, body.as_str()),
         (
             404,
-            "not found: this listener serves /metrics, /healthz and /readyz\n"
+            "no set s-000000000000: it never existed or was pruned\n"
         )
     );
+    let (status, _, body) = http(&addr, "GET", "/runs/r-000000000000", &right);
+    assert_eq!(status, 404, "{body}");
+    let (status, head, body) = http(&addr, "GET", "/", &right);
+    assert_eq!(status, 200, "{body}");
+    assert!(head.contains("text/html"), "{head}");
+    assert!(body.contains("<b id=\"count-joined\">0</b>"), "{body}");
     assert_eq!(http(&addr, "POST", "/metrics", &right).0, 405);
 }

@@ -430,13 +430,22 @@ fn bars(id: &str, values: &[u64], labels: &[&str]) -> String {
             (step - 2.0).max(1.0)
         );
     }
-    let gap = width / labels.len().max(1) as f64;
+    // A label under each bar, or labels spread from the left edge to the right one.
+    let under_bars = labels.len() == values.len();
+    let gap = width / (labels.len().max(2) - 1) as f64;
     for (i, l) in labels.iter().enumerate() {
+        let last = !under_bars && i + 1 == labels.len() && i > 0;
+        let gap = if under_bars { step } else { gap };
         let _ = write!(
             out,
-            "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\">{}</text>",
-            i as f64 * gap + 2.0,
+            "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" text-anchor=\"{}\">{}</text>",
+            if last {
+                width - 2.0
+            } else {
+                i as f64 * gap + 2.0
+            },
             height + 15.0,
+            if last { "end" } else { "start" },
             esc(l)
         );
     }
