@@ -277,6 +277,17 @@ fn prometheus_scrapes_twenty_agents_and_an_agent_kept_down_fires_its_alert() {
     );
 }
 
+#[test]
+fn the_shipped_alert_rules_pass_promtool() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/alerts.yml");
+    let out = testkit::ok(
+        Command::new("promtool")
+            .args(["check", "rules"])
+            .arg(&rules),
+    );
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+}
+
 fn token_file(dir: &Path, text: &str, mode: u32) -> std::path::PathBuf {
     let path = dir.join(format!("token-{mode:o}"));
     std::fs::write(&path, text).unwrap();

@@ -1,6 +1,6 @@
 //! The run API, mirroring the hub's `fleet.run`, `fleet.run.status` and `fleet.run.collect`: a set
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
-use crate::store::{RunMoved, RunRow};
+use crate::store::{NodeRecord, RunMoved, RunRow};
 use crate::{Coordinator, CoordinatorError};
 use fleet_proto::clock::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
@@ -545,22 +545,21 @@ impl Coordinator {
             .map_err(|_| gone())
     }
 
-    /// Final-state sweep: runs nobody took within `waiting_timeout` fail; runs whose node lost
-    /// its lease (while this coordinator has been up long enough to know) are `lost`.
-    pub fn sweep(
+    /// Final-state sweep over `nodes` and the runs out (`active`), as just read: runs nobody took
+    /// within `waiting_timeout` fail; runs whose node lost its lease (while this coordinator has
+    /// been up long enough to know) are `lost`.
+    pub(crate) fn sweep(
         &self,
+        nodes: &[NodeRecord],
+        active: Vec<RunRow>,
         waiting_timeout_ms: u64,
         up_since_ms: u64,
         lease_ms: u64,
     ) -> Result<(), CoordinatorError> {
         let now = now_ms();
-        let nodes: HashMap<NodeId, u64> = self
-            .store()
-            .nodes()?
-            .into_iter()
-            .map(|n| (n.id, n.lease_until_ms))
-            .collect();
-        for row in self.store().active_runs()? {
+        let nodes: HashMap<&NodeId, u64> =
+            (nodes.iter()).map(|n| (&n.id, n.lease_until_ms)).collect();
+        for row in active {
             let lease_until = nodes.get(&row.node_id).copied().unwrap_or(0);
             // A node whose session this coordinator holds was heard, whatever the store says yet
             // (its heartbeats may wait for a database that is back only now).

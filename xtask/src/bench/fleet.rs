@@ -119,7 +119,11 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind) -> Result<()> {
         .map(|(a, b)| b.saturating_sub(a) as f64 / STEADY.as_secs_f64() / k as f64);
 
     // What an operator's tools cost with every session held: a scrape and the first nodes page.
+    // The first scrape reads the store; from then on the background loop keeps a census every
+    // heartbeat period, which the scrapes that follow read.
     let metrics = metrics_addr(&work.join("coord-0.log"))?;
+    let cold_scrape_ms = request_ms(&metrics, "/metrics")?;
+    std::thread::sleep(HEARTBEAT + Duration::from_secs(1));
     let scrape_ms = median_request_ms(&metrics, "/metrics")?;
     let page_ms = median_request_ms(&metrics, "/nodes")?;
 
@@ -207,7 +211,8 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind) -> Result<()> {
         ratio = peak_kib as f64 / idle_kib.max(1) as f64,
     );
     markdown.push_str(&format!(
-        "| a scrape of `/metrics` with every session held (median of {REQUESTS}, on loopback, request to last byte) | {scrape_ms:.1} ms | < 50 ms |\n\
+        "| the first scrape of `/metrics` with every session held (it reads the store; on loopback, request to last byte) | {cold_scrape_ms:.1} ms | |\n\
+         | a scrape of `/metrics` with every session held, once scrapes come (median of {REQUESTS}, the same way) | {scrape_ms:.1} ms | < 50 ms |\n\
          | the first page of `/nodes` rendered with every session held (median of {REQUESTS}, the same way) | {page_ms:.1} ms | < 200 ms |\n"
     ));
     if let Some(rate) = commits_per_s {
@@ -243,29 +248,32 @@ fn metrics_addr(log: &Path) -> Result<String> {
         .context("the coordinator logged no metrics address")
 }
 
-/// The median time of [`REQUESTS`] GETs of `path`, each from connecting to its answer's last byte.
+/// The median time of [`REQUESTS`] GETs of `path`.
 fn median_request_ms(addr: &str, path: &str) -> Result<f64> {
-    use std::io::{Read, Write};
-    let mut times = Vec::with_capacity(REQUESTS);
-    for _ in 0..REQUESTS {
-        let began = Instant::now();
-        let mut stream = std::net::TcpStream::connect(addr)?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
-        )?;
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer)?;
-        times.push(began.elapsed().as_secs_f64() * 1000.0);
-        if !answer.starts_with(b"HTTP/1.1 200") {
-            bail!(
-                "GET {path} was answered {:?}",
-                String::from_utf8_lossy(&answer[..answer.len().min(80)])
-            );
-        }
-    }
+    let mut times = (0..REQUESTS)
+        .map(|_| request_ms(addr, path))
+        .collect::<Result<Vec<f64>>>()?;
     times.sort_by(f64::total_cmp);
     Ok(times[REQUESTS / 2])
+}
+
+/// One GET of `path`, from connecting to its answer's last byte, in ms; it must answer 200.
+fn request_ms(addr: &str, path: &str) -> Result<f64> {
+    use std::io::{Read, Write};
+    let began = Instant::now();
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    let took = began.elapsed().as_secs_f64() * 1000.0;
+    if !answer.starts_with(b"HTTP/1.1 200") {
+        let head = String::from_utf8_lossy(&answer[..answer.len().min(80)]).into_owned();
+        bail!("GET {path} was answered {head:?}");
+    }
+    Ok(took)
 }
 
 /// One JSON-lines file of join files per coordinator: `nodes` tokens minted once every

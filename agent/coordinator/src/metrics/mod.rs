@@ -15,3 +15,4 @@ mod scrape;
 pub use auth::{AuthError, BearerToken};
 pub use listener::{MetricsListenError, MetricsListener, serve_metrics};
 pub(crate) use recorder::Recorder;
+pub(crate) use scrape::FleetCounts;

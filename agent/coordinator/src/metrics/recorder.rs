@@ -1,6 +1,7 @@
 //! The events a coordinator counts as they happen. Each part of the coordinator that sees one
 //! records it here; the handles are shared counters and histograms, cheap to clone, and the
 //! scrape registers the same handles each time.
+use super::scrape::FleetCounts;
 use crate::store::RunMoved;
 use fleet_proto::run::{Outcome, RunState};
 use prometheus_client::metrics::counter::Counter;
@@ -9,12 +10,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 type Labels2 = [(&'static str, &'static str); 2];
 type Histograms = Family<Labels2, Histogram, fn() -> Histogram>;
+
+/// How long after a scrape the background loop keeps taking a census.
+const CENSUS_WANTED_MS: u64 = 120_000;
 
 /// Minutes of ended runs the status page draws.
 const MINUTES_KEPT: usize = 60;
@@ -34,6 +38,10 @@ pub(crate) struct Recorder {
     lease: Gauge<f64, AtomicU64>,
     /// Runs ended in each of the last minutes, for the status page: (minute since the epoch, count).
     ended_minutes: Arc<Mutex<VecDeque<(u64, u64)>>>,
+    /// The fleet as the store said at the last census, and when (Unix ms).
+    census: Arc<Mutex<Option<(u64, FleetCounts)>>>,
+    /// When the census was last asked for by a scrape (Unix ms).
+    census_asked_ms: Arc<AtomicU64>,
 }
 
 impl Default for Recorder {
@@ -57,6 +65,8 @@ impl Default for Recorder {
             heartbeat_period: Gauge::default(),
             lease: Gauge::default(),
             ended_minutes: Arc::default(),
+            census: Arc::default(),
+            census_asked_ms: Arc::default(),
         }
     }
 }
@@ -77,11 +87,34 @@ impl Recorder {
             }
             if m.state.is_final() {
                 let how = how_it_ended(m.outcome.as_ref());
-                let labels = [("state", state_label(m.state)), ("how", how)];
+                let labels = [("state", m.state.as_str()), ("how", how)];
                 self.runs_ended.get_or_create(&labels).inc();
                 self.ended_at(m.at_ms);
             }
         }
+    }
+
+    /// Whether the background loop should take a census at `now_ms`: a scrape asked for one in
+    /// the last two minutes (the sweeping coordinator reads the fleet anyway, and takes one then).
+    pub(crate) fn census_wanted(&self, now_ms: u64) -> bool {
+        let asked = self.census_asked_ms.load(Ordering::Relaxed);
+        asked != 0 && now_ms.saturating_sub(asked) < CENSUS_WANTED_MS
+    }
+
+    /// The fleet as the store said at `taken_ms`.
+    pub(crate) fn took_census(&self, taken_ms: u64, counts: FleetCounts) {
+        *self.census.lock().unwrap_or_else(PoisonError::into_inner) = Some((taken_ms, counts));
+    }
+
+    /// The last census if it is at most two heartbeat periods old at `now_ms`; the scrape that
+    /// asks keeps the next ones coming.
+    pub(crate) fn census(&self, now_ms: u64) -> Option<FleetCounts> {
+        self.census_asked_ms.store(now_ms, Ordering::Relaxed);
+        let fresh_ms = (self.heartbeat_period.get() * 2000.0) as u64;
+        let census = self.census.lock().unwrap_or_else(PoisonError::into_inner);
+        (census.as_ref())
+            .filter(|(taken, _)| now_ms.saturating_sub(*taken) <= fresh_ms)
+            .map(|(_, counts)| counts.clone())
     }
 
     /// One run ended at `at_ms`, in its minute.
@@ -252,16 +285,5 @@ pub(crate) struct OpenConnection(Gauge);
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.dec();
-    }
-}
-
-pub(crate) fn state_label(state: RunState) -> &'static str {
-    match state {
-        RunState::Waiting => "waiting",
-        RunState::Starting => "starting",
-        RunState::Running => "running",
-        RunState::Finished => "finished",
-        RunState::Failed => "failed",
-        RunState::Lost => "lost",
     }
 }

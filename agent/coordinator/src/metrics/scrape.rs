@@ -2,7 +2,7 @@
 //! state, runs waiting and why), what this coordinator holds (sessions, content moved, the
 //! fleet's coordinators), and the counted events, encoded in the format the scraper asked for.
 use crate::Coordinator;
-use crate::store::{Store, StoreResult};
+use crate::store::{NodeRecord, RunRow, Store, StoreResult};
 use fleet_proto::NodeId;
 use fleet_proto::clock::now_ms;
 use fleet_proto::run::RunState;
@@ -42,9 +42,12 @@ impl Format {
     }
 }
 
-/// What the store says of the fleet at one moment.
-#[derive(Debug, Default)]
-struct FleetCounts {
+/// What the store said of the fleet at one moment: the census the background loop takes every
+/// heartbeat period while scrapes come (from the reads the sweep makes anyway, on the sweeping
+/// coordinator), so a scrape reads nothing from the store. A scrape with no fresh census (the
+/// first one, or one after a pause) reads the store itself.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FleetCounts {
     joined: u64,
     lost: u64,
     failed: u64,
@@ -55,51 +58,74 @@ struct FleetCounts {
     waiting_online: u64,
 }
 
-fn read_fleet(store: &Store, now: u64) -> StoreResult<FleetCounts> {
-    let mut counts = FleetCounts::default();
-    let mut joined: HashMap<NodeId, bool> = HashMap::new();
-    for node in store.nodes()? {
-        let is_joined = now < node.lease_until_ms;
-        if is_joined {
-            counts.joined += 1;
-            let heard = node.last_heartbeat_ms.unwrap_or(node.joined_at_ms);
-            let age = now.saturating_sub(heard);
-            counts.oldest_heartbeat_age_ms = counts.oldest_heartbeat_age_ms.max(age);
-            let version = (node.facts.as_ref()).map_or("unknown", |f| f.agent_version.as_str());
-            let known = counts.versions.contains_key(version);
-            let key = if known || counts.versions.len() < MAX_VERSIONS {
-                version
+impl FleetCounts {
+    /// Counts `nodes` (with `failed` machines that never joined) and the runs out, at `now`.
+    pub(crate) fn of(
+        nodes: &[NodeRecord],
+        failed: usize,
+        active: &[RunRow],
+        now: u64,
+    ) -> FleetCounts {
+        let mut counts = FleetCounts {
+            failed: failed as u64,
+            ..FleetCounts::default()
+        };
+        let mut joined: HashMap<&NodeId, bool> = HashMap::new();
+        for node in nodes {
+            let is_joined = now < node.lease_until_ms;
+            if is_joined {
+                counts.joined += 1;
+                let heard = node.last_heartbeat_ms.unwrap_or(node.joined_at_ms);
+                let age = now.saturating_sub(heard);
+                counts.oldest_heartbeat_age_ms = counts.oldest_heartbeat_age_ms.max(age);
+                let version = (node.facts.as_ref()).map_or("unknown", |f| f.agent_version.as_str());
+                let known = counts.versions.contains_key(version);
+                let key = if known || counts.versions.len() < MAX_VERSIONS {
+                    version
+                } else {
+                    "other"
+                };
+                *counts.versions.entry(key.to_string()).or_default() += 1;
             } else {
-                "other"
-            };
-            *counts.versions.entry(key.to_string()).or_default() += 1;
-        } else {
-            counts.lost += 1;
+                counts.lost += 1;
+            }
+            joined.insert(&node.id, is_joined);
         }
-        joined.insert(node.id, is_joined);
-    }
-    counts.failed = store.failed_bootstraps()?.len() as u64;
-    for run in store.active_runs()? {
-        *counts
-            .runs
-            .entry(super::recorder::state_label(run.state))
-            .or_default() += 1;
-        if run.state == RunState::Waiting {
-            match joined.get(&run.node_id) {
-                Some(true) => counts.waiting_online += 1,
-                _ => counts.waiting_offline += 1,
+        for run in active {
+            *counts.runs.entry(run.state.as_str()).or_default() += 1;
+            if run.state == RunState::Waiting {
+                match joined.get(&run.node_id) {
+                    Some(true) => counts.waiting_online += 1,
+                    _ => counts.waiting_offline += 1,
+                }
             }
         }
+        counts
     }
-    Ok(counts)
+
+    /// Read from the store now: for a scrape before the first census.
+    fn read(store: &Store, now: u64) -> StoreResult<FleetCounts> {
+        let failed = store.failed_bootstraps()?.len();
+        Ok(FleetCounts::of(
+            &store.nodes()?,
+            failed,
+            &store.active_runs()?,
+            now,
+        ))
+    }
 }
 
 /// One scrape's exposition, in `format`.
 pub(crate) async fn exposition(coordinator: &Coordinator, format: Format) -> StoreResult<String> {
     let now = now_ms();
-    let fleet = coordinator
-        .with_store(move |store| read_fleet(store, now))
-        .await?;
+    let fleet = match coordinator.recorder().census(now) {
+        Some(census) => census,
+        None => {
+            (coordinator)
+                .with_store(move |store| FleetCounts::read(store, now))
+                .await?
+        }
+    };
     let mut registry = Registry::default();
     register_fleet(&mut registry, fleet);
     register_live(&mut registry, coordinator);
@@ -115,56 +141,65 @@ pub(crate) async fn exposition(coordinator: &Coordinator, format: Format) -> Sto
 
 type Labeled<V> = Family<[(&'static str, V); 1], Gauge>;
 
+/// A gauge per value of one label, set to the counts given.
+fn by_label<V>(key: &'static str, counts: impl IntoIterator<Item = (V, u64)>) -> Labeled<V>
+where
+    V: Clone
+        + std::hash::Hash
+        + Eq
+        + prometheus_client::encoding::EncodeLabelValue
+        + Send
+        + Sync
+        + std::fmt::Debug
+        + 'static,
+{
+    let family = Labeled::<V>::default();
+    for (value, n) in counts {
+        family.get_or_create(&[(key, value)]).set(n as i64);
+    }
+    family
+}
+
 fn register_fleet(registry: &mut Registry, fleet: FleetCounts) {
-    let nodes = Labeled::<&'static str>::default();
-    for (state, n) in [
+    let nodes = [
         ("joined", fleet.joined),
         ("lost", fleet.lost),
         ("failed", fleet.failed),
-    ] {
-        nodes.get_or_create(&[("state", state)]).set(n as i64);
-    }
+    ];
     registry.register(
         "fleet_nodes",
-        "Nodes by state as the store says (the same at every coordinator of a fleet: aggregate with max, not sum)",
-        nodes,
+        "Nodes by state as the store said at the last census, taken every heartbeat period (the same at every coordinator of a fleet: aggregate with max, not sum)",
+        by_label("state", nodes),
     );
-    let agents = Labeled::<String>::default();
-    for (version, n) in fleet.versions {
-        agents.get_or_create(&[("version", version)]).set(n as i64);
-    }
     registry.register(
         "fleet_agents",
         "Joined nodes by the agent version they reported",
-        agents,
+        by_label("version", fleet.versions),
     );
     registry.register(
         "fleet_heartbeat_oldest_age_seconds",
-        "Age of the oldest last heartbeat among joined nodes, as written to the store (up to 1 s behind)",
+        "Age of the oldest last heartbeat among joined nodes, as of the last census (taken every heartbeat period)",
         ConstGauge::new(fleet.oldest_heartbeat_age_ms as f64 / 1000.0),
     );
-    let runs = Labeled::<&'static str>::default();
-    for state in [RunState::Waiting, RunState::Starting, RunState::Running] {
-        let label = super::recorder::state_label(state);
-        let n = fleet.runs.get(label).copied().unwrap_or(0);
-        runs.get_or_create(&[("state", label)]).set(n as i64);
-    }
+    let runs = [RunState::Waiting, RunState::Starting, RunState::Running].map(|state| {
+        (
+            state.as_str(),
+            fleet.runs.get(state.as_str()).copied().unwrap_or(0),
+        )
+    });
     registry.register(
         "fleet_runs_out",
         "Runs not final yet, by state, across the fleet",
-        runs,
+        by_label("state", runs),
     );
-    let waiting = Labeled::<&'static str>::default();
-    for (reason, n) in [
+    let waiting = [
         ("node_in_session", fleet.waiting_online),
         ("node_not_in_session", fleet.waiting_offline),
-    ] {
-        waiting.get_or_create(&[("reason", reason)]).set(n as i64);
-    }
+    ];
     registry.register(
         "fleet_runs_waiting",
         "Runs no node has taken yet, by why: their node holds a session (being sent) or does not (lost, or not connected)",
-        waiting,
+        by_label("reason", waiting),
     );
 }
 
@@ -190,13 +225,9 @@ fn register_live(registry: &mut Registry, coordinator: &Coordinator) {
         "Content bytes this coordinator received from nodes",
         ConstCounter::new(received),
     );
-    let build = Labeled::<&'static str>::default();
-    build
-        .get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])
-        .set(1);
     registry.register(
         "fleet_coordinator_build_info",
         "The coordinator's version, as a label on a constant 1",
-        build,
+        by_label("version", [(env!("CARGO_PKG_VERSION"), 1)]),
     );
 }

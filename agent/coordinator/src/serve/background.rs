@@ -2,6 +2,7 @@
 //! fleet's membership and the blob sweep), the fallback wake-up of sessions with runs waiting,
 //! and the listener for runs created through another coordinator. [`Background`] stops them all.
 use super::ServeConfig;
+use crate::metrics::FleetCounts;
 use crate::store::Beat;
 use crate::{Coordinator, CoordinatorError};
 use fleet_proto::clock::now_ms;
@@ -151,11 +152,24 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
             // Whichever coordinator failed a waiting run, its credential here is let go.
             swept_by.credentials().expire();
             // One coordinator of a fleet sweeps the runs (the first by address of those heard
-            // within a lease); when it goes away, the next one takes over.
-            if !swept_by.fleet().sweeps() {
+            // within a lease); when it goes away, the next one takes over. One read of the nodes
+            // and the runs out serves the sweep and, while scrapes come, the metrics' census.
+            let (now, sweeps) = (now_ms(), swept_by.fleet().sweeps());
+            let census_wanted = swept_by.recorder().census_wanted(now);
+            if !sweeps && !census_wanted {
+                return Ok(());
+            }
+            let store = swept_by.store();
+            let (nodes, active) = (store.nodes()?, store.active_runs()?);
+            let failed = store.failed_bootstraps()?.len();
+            let census = FleetCounts::of(&nodes, failed, &active, now);
+            swept_by.recorder().took_census(now, census);
+            if !sweeps {
                 return Ok(());
             }
             swept_by.sweep(
+                &nodes,
+                active,
                 config.waiting_timeout.as_millis() as u64,
                 up_since,
                 config.lease.as_millis() as u64,
