@@ -35,6 +35,9 @@ pub enum Which {
         /// The coordinators' store
         #[arg(long, value_enum, default_value_t = fleet::StoreKind::Redb)]
         store: fleet::StoreKind,
+        /// Serve with the metrics listener off (`--metrics-listen off`), to compare its cost
+        #[arg(long)]
+        no_metrics: bool,
     },
     /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
     Content,
@@ -51,7 +54,8 @@ pub fn run(which: Which) -> Result<()> {
             nodes,
             coordinators,
             store,
-        } => fleet::run(nodes, coordinators, store),
+            no_metrics,
+        } => fleet::run(nodes, coordinators, store, !no_metrics),
         Which::Content => content::run(),
     }
 }

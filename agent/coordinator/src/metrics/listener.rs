@@ -18,7 +18,7 @@ const MAX_CONNECTIONS: usize = 128;
 /// Open pages (event streams) at once, so that scrapes always find a place; past it a page's
 /// stream is answered 503.
 const MAX_STREAMS: usize = 64;
-/// How often an open page gets its body again.
+/// How often an open page gets its body again, at the most.
 const REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A bound diagnostic listener, with who may read it.
@@ -250,8 +250,8 @@ async fn render(coordinator: &Arc<Coordinator>, page: &Page) -> Result<String, P
     .unwrap_or_else(|e| Err(PageError::Store(format!("rendering failed: {e}"))))
 }
 
-/// A page's event stream: its body again every [`REFRESH`], until the page closes or the
-/// listener stops.
+/// A page's event stream: its body again every [`REFRESH`] (ten times its render time when that
+/// is longer), until the page closes or the listener stops.
 async fn events(
     coordinator: &Arc<Coordinator>,
     page: &Page,
@@ -261,18 +261,21 @@ async fn events(
     use tokio::io::AsyncWriteExt;
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\nretry: 2000\n\n";
     stream.write_all(head.as_bytes()).await?;
-    let mut tick = tokio::time::interval(REFRESH);
+    let mut pause = std::time::Duration::ZERO;
     loop {
         tokio::select! {
             _ = stopping.changed() => return stream.shutdown().await,
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(pause) => {}
         }
+        let began = tokio::time::Instant::now();
         let message = match render(coordinator, page).await {
             Ok(main) => page::event_message(&main),
             // A page gone meanwhile (a pruned set) says so where it stood.
             Err(e) => page::event_message(&format!("<p>{}</p>", page::escape(&format!("{e:?}")))),
         };
         stream.write_all(message.as_bytes()).await?;
+        // A large fleet's page takes longer to render: an open page takes at most a tenth of a core.
+        pause = REFRESH.max(began.elapsed() * 10);
     }
 }
 
