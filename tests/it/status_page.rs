@@ -130,18 +130,50 @@ fn the_status_page_in_chromium_matches_the_cli_pages_and_follows_a_node_that_die
     );
     assert_eq!(browser.count("#runs tr td a"), 1);
 
+    // A run out on real-0: sorted by idleness (the default), real-1 comes first.
+    let sleeper = script(&dir.path().join("sleeper.sh"), "sleep 60");
+    let busy = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--node", "real-0", "--program"])
+            .arg(&sleeper),
+    );
+    let running = wait_until(WAIT, || {
+        let out = testkit::ok(
+            coord
+                .command()
+                .args(["status", "--set", busy.trim(), "--json"]),
+        );
+        serde_json::from_str::<Value>(&out).unwrap()[0]["state"] == "running"
+    });
+    assert!(running, "the sleeper never ran");
+    let id_of = |name: &str| {
+        (nodes.iter())
+            .find(|n| n["name"] == name)
+            .and_then(|n| n["id"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    let (kept_id, doomed_id) = (id_of("real-0"), id_of("real-1"));
+
     // The open page follows the fleet: one stream, no reload.
-    browser.goto(&format!("{base}/nodes?label=pool%3Dlab&sort=name"));
+    browser.goto(&format!("{base}/nodes?label=pool%3Dlab"));
     assert_eq!(
         browser.count("#nodes tr[id^=node-]"),
         2,
         "the filter by label"
     );
-    let doomed_id = (nodes.iter())
-        .find(|n| n["name"] == "real-1")
-        .and_then(|n| n["id"].as_str())
-        .unwrap()
-        .to_string();
+    let first_row = browser.run(
+        "return document.querySelector('#nodes tr[id^=node-]').id;",
+        json!([]),
+    );
+    assert_eq!(
+        first_row,
+        Value::from(format!("node-{doomed_id}")),
+        "the idle one first"
+    );
+    let runs_out = format!("#node-{kept_id} td:nth-child(7)");
+    assert_eq!(browser.text(&runs_out).as_deref(), Some("1"));
     let cell = format!("#node-{doomed_id} td:nth-child(3)");
     assert_eq!(browser.text(&cell).as_deref(), Some("Joined"));
     browser.run("window.notReloaded = true;", json!([]));

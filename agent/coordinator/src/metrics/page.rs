@@ -8,7 +8,7 @@ use crate::Coordinator;
 use crate::nodes::{NodeState, NodeView};
 use crate::runs::RunView;
 use fleet_proto::clock::now_ms;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 /// Rows on one page of the nodes table.
@@ -46,9 +46,11 @@ pub(crate) struct NodeQuery {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum NodeSort {
-    /// Longest without a heartbeat first: the ones to look at.
+    /// The fewest runs out first (idle machines, the ones a pool drains), then the longest unheard.
     #[default]
     Idle,
+    /// The longest without a heartbeat first: the ones to look at.
+    Heard,
     Joined,
     Name,
 }
@@ -111,11 +113,12 @@ impl NodeQuery {
                 "sort" => {
                     q.sort = match value.as_deref() {
                         None | Some("idle") => NodeSort::Idle,
+                        Some("heard") => NodeSort::Heard,
                         Some("joined") => NodeSort::Joined,
                         Some("name") => NodeSort::Name,
                         Some(other) => {
                             return Err(PageError::BadQuery(format!(
-                                "sort={other:?}: sort by idle, joined or name"
+                                "sort={other:?}: sort by idle, heard, joined or name"
                             )));
                         }
                     }
@@ -165,6 +168,7 @@ impl NodeQuery {
         }
         let sort = match self.sort {
             NodeSort::Idle => "idle",
+            NodeSort::Heard => "heard",
             NodeSort::Joined => "joined",
             NodeSort::Name => "name",
         };
@@ -283,7 +287,16 @@ pub(crate) fn render_main(
     let store = |e: crate::CoordinatorError| PageError::Store(e.to_string());
     match page {
         Page::Fleet => Ok(fleet(&coordinator.nodes().map_err(store)?, context)),
-        Page::Nodes(query) => Ok(nodes(&coordinator.nodes().map_err(store)?, query)),
+        Page::Nodes(query) => {
+            let all = coordinator.nodes().map_err(store)?;
+            let active =
+                (coordinator.store().active_runs()).map_err(|e| PageError::Store(e.to_string()))?;
+            let mut runs_out: HashMap<&str, usize> = HashMap::new();
+            for run in &active {
+                *runs_out.entry(run.node_id.as_str()).or_default() += 1;
+            }
+            Ok(nodes(&all, &runs_out, query))
+        }
         Page::Set(id) => match coordinator.status(Some(id), None) {
             Ok(rows) => Ok(set(id, &rows)),
             Err(crate::CoordinatorError::Request(line)) => Err(PageError::NotFound(line)),
@@ -453,12 +466,14 @@ fn bars(id: &str, values: &[u64], labels: &[&str]) -> String {
     out
 }
 
-fn nodes(all: &[NodeView], query: &NodeQuery) -> String {
+fn nodes(all: &[NodeView], runs_out: &HashMap<&str, usize>, query: &NodeQuery) -> String {
     let now = now_ms();
     let mut rows: Vec<&NodeView> = all.iter().filter(|n| query.matches(n)).collect();
     let idle = |n: &NodeView| now.saturating_sub(n.last_heartbeat_ms.unwrap_or(n.joined_at_ms));
+    let out_of = |n: &NodeView| runs_out.get(n.id.as_str()).copied().unwrap_or(0);
     match query.sort {
-        NodeSort::Idle => rows.sort_by_key(|n| std::cmp::Reverse(idle(n))),
+        NodeSort::Idle => rows.sort_by_key(|n| (out_of(n), std::cmp::Reverse(idle(n)))),
+        NodeSort::Heard => rows.sort_by_key(|n| std::cmp::Reverse(idle(n))),
         NodeSort::Joined => rows.sort_by_key(|n| n.joined_at_ms),
         NodeSort::Name => rows.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id))),
     }
@@ -469,19 +484,20 @@ fn nodes(all: &[NodeView], query: &NodeQuery) -> String {
         rows.len(),
         all.len()
     );
-    out.push_str("<table id=\"nodes\"><tr><th>id</th><th>name</th><th>state</th><th>arch</th><th>agent</th><th>labels</th><th>last heard</th></tr>");
+    out.push_str("<table id=\"nodes\"><tr><th>id</th><th>name</th><th>state</th><th>arch</th><th>agent</th><th>labels</th><th>runs out</th><th>last heard</th></tr>");
     for n in rows.iter().skip((page - 1) * PAGE_ROWS).take(PAGE_ROWS) {
         let facts = n.facts.as_ref();
         let labels: Vec<String> = (n.labels.iter()).map(|(k, v)| format!("{k}={v}")).collect();
         let _ = write!(
             out,
-            "<tr id=\"node-{id}\"><td>{id}</td><td>{name}</td><td class=\"{state}\">{state}</td><td>{arch}</td><td>{version}</td><td>{labels}</td><td>{idle}</td></tr>",
+            "<tr id=\"node-{id}\"><td>{id}</td><td>{name}</td><td class=\"{state}\">{state}</td><td>{arch}</td><td>{version}</td><td>{labels}</td><td>{out}</td><td>{idle}</td></tr>",
             id = esc(&n.id),
             name = esc(n.name.as_deref().unwrap_or("")),
             state = n.state.as_str(),
             arch = esc(facts.map_or("", |f| f.arch.as_str())),
             version = esc(facts.map_or("", |f| f.agent_version.as_str())),
             labels = esc(&labels.join(" ")),
+            out = out_of(n),
             idle = match n.last_heartbeat_ms {
                 Some(_) => format!("{:.1} s ago", idle(n) as f64 / 1000.0),
                 None => "never".into(),
