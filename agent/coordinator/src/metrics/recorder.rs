@@ -287,3 +287,95 @@ impl Drop for OpenConnection {
         self.0.dec();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outcome_is_named_by_what_ended_it() {
+        let ended = |o: Outcome| how_it_ended(Some(&o));
+        assert_eq!(how_it_ended(None), "no_outcome");
+        assert_eq!(
+            ended(Outcome {
+                exit_code: Some(0),
+                ..Outcome::default()
+            }),
+            "exit_zero"
+        );
+        assert_eq!(
+            ended(Outcome {
+                exit_code: Some(3),
+                ..Outcome::default()
+            }),
+            "exit_nonzero"
+        );
+        let timed_out = Outcome {
+            signal: Some(9),
+            timed_out: true,
+            ..Outcome::default()
+        };
+        assert_eq!(ended(timed_out), "timed_out", "the timeout, not its signal");
+        assert_eq!(
+            ended(Outcome {
+                signal: Some(15),
+                ..Outcome::default()
+            }),
+            "signal"
+        );
+        assert_eq!(
+            ended(Outcome {
+                oom_killed: Some(true),
+                ..Outcome::default()
+            }),
+            "oom_killed"
+        );
+    }
+
+    #[test]
+    fn runs_ended_are_drawn_by_minute_and_a_start_is_timed_from_creation() {
+        let recorder = Recorder::default();
+        let moved = |state, created_ms, at_ms| RunMoved {
+            state,
+            outcome: None,
+            created_ms,
+            at_ms,
+        };
+        let minute = 60_000;
+        recorder.runs_moved(&[
+            moved(RunState::Running, 1_000, 3_500),
+            moved(RunState::Lost, 0, 100 * minute),
+            moved(RunState::Finished, 0, 100 * minute + 5),
+            moved(RunState::Failed, 0, 102 * minute),
+        ]);
+        assert_eq!(
+            (recorder.run_start.count(), recorder.run_start.sum()),
+            (1, 2.5)
+        );
+        let drawn = recorder
+            .page_context(102 * minute + 30_000)
+            .ended_per_minute;
+        assert_eq!(drawn.len(), MINUTES_KEPT);
+        assert_eq!(
+            drawn[MINUTES_KEPT - 3..],
+            [2, 0, 1],
+            "two minutes ago, one, this one"
+        );
+    }
+
+    #[test]
+    fn a_census_older_than_two_heartbeats_is_not_used_and_asking_keeps_them_coming() {
+        let recorder = Recorder::default();
+        recorder.serving_with(Duration::from_secs(5), Duration::from_secs(20));
+        assert!(!recorder.census_wanted(1_000), "nobody scraped yet");
+        assert!(recorder.census(1_000).is_none(), "none taken yet");
+        assert!(recorder.census_wanted(2_000), "a scrape asked for one");
+        recorder.took_census(2_000, FleetCounts::default());
+        assert!(recorder.census(12_000).is_some(), "two heartbeats old");
+        assert!(recorder.census(12_001).is_none(), "older");
+        assert!(
+            !recorder.census_wanted(12_001 + CENSUS_WANTED_MS),
+            "scrapes stopped"
+        );
+    }
+}

@@ -231,3 +231,45 @@ fn register_live(registry: &mut Registry, coordinator: &Coordinator) {
         by_label("version", [(env!("CARGO_PKG_VERSION"), 1)]),
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(id: &str, version: &str, lease_until_ms: u64) -> NodeRecord {
+        serde_json::from_value(json!({
+            "id": id, "public_key": "ed25519:x", "name": null, "joined_at_ms": 1_000,
+            "last_heartbeat_ms": 9_000, "lease_until_ms": lease_until_ms, "generation": 1,
+            "facts": { "arch": "x86_64", "cpus": 2, "memory_bytes": 1, "disk_free_bytes": 1,
+                       "kernel": "k", "os": "o", "agent_version": version, "accelerators": [] }
+        }))
+        .unwrap()
+    }
+
+    fn waiting_run(id: &str, node: &str) -> RunRow {
+        serde_json::from_value(json!({
+            "id": id, "set_id": "s-1", "node_id": node, "state": "waiting",
+            "workload": { "program": format!("sha256:{}", "0".repeat(64)) },
+            "created_ms": 1, "updated_ms": 1, "accepted": false, "report": null,
+            "error": null, "events": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_census_counts_states_versions_and_why_runs_wait() {
+        let now = 10_000;
+        let mut nodes = vec![node("n-lost", "0.1.0", now - 1)];
+        // 40 versions reported: 32 get a series of their own, the rest count as `other`.
+        nodes.extend((0..40).map(|i| node(&format!("n-{i}"), &format!("0.{i}.0"), now + 1)));
+        let runs = [waiting_run("r-1", "n-0"), waiting_run("r-2", "n-lost")];
+        let counts = FleetCounts::of(&nodes, 3, &runs, now);
+        assert_eq!((counts.joined, counts.lost, counts.failed), (40, 1, 3));
+        assert_eq!(counts.versions.len(), MAX_VERSIONS + 1);
+        assert_eq!(counts.versions["other"], 40 - MAX_VERSIONS as u64);
+        assert_eq!(counts.oldest_heartbeat_age_ms, 1_000);
+        assert_eq!((counts.waiting_online, counts.waiting_offline), (1, 1));
+        assert_eq!(counts.runs["waiting"], 2);
+    }
+}
