@@ -157,7 +157,15 @@ fn the_status_page_in_chromium_matches_the_cli_pages_and_follows_a_node_that_die
     let (kept_id, doomed_id) = (id_of("real-0"), id_of("real-1"));
 
     // The open page follows the fleet: one stream, no reload.
-    browser.goto(&format!("{base}/nodes?label=pool%3Dlab"));
+    // Filtered through the page's own form, as a person would.
+    browser.goto(&format!("{base}/nodes"));
+    browser.type_into("#filter-label", "pool=lab");
+    browser.click("#filter-apply");
+    assert!(
+        browser.url().contains("label=pool%3Dlab"),
+        "{}",
+        browser.url()
+    );
     assert_eq!(
         browser.count("#nodes tr[id^=node-]"),
         2,

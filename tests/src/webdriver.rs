@@ -161,20 +161,35 @@ impl Browser {
         self.run(script, json!([css])).as_u64().unwrap_or(0) as usize
     }
 
-    /// Clicks the first element `css` selects.
-    pub fn click(&self, css: &str) {
+    /// The WebDriver id of the first element `css` selects.
+    fn element(&self, css: &str) -> String {
         let found = self.call(
             "POST",
             "/element",
             Some(json!({ "using": "css selector", "value": css })),
         );
-        let id = found
+        found
             .as_object()
             .and_then(|o| o.values().next())
             .and_then(Value::as_str)
             .unwrap_or_else(|| panic!("no element {css}"))
-            .to_string();
+            .to_string()
+    }
+
+    /// Clicks the first element `css` selects.
+    pub fn click(&self, css: &str) {
+        let id = self.element(css);
         self.call("POST", &format!("/element/{id}/click"), Some(json!({})));
+    }
+
+    /// Types `text` into the first element `css` selects, as a person would.
+    pub fn type_into(&self, css: &str, text: &str) {
+        let id = self.element(css);
+        self.call(
+            "POST",
+            &format!("/element/{id}/value"),
+            Some(json!({ "text": text })),
+        );
     }
 
     /// The browser's console entries since the last call (level, message).

@@ -200,7 +200,7 @@ async fn answer(shared: &Shared, mut stream: TcpStream) -> std::io::Result<()> {
         Route::Page(page) => match render(coordinator, &page).await {
             Ok(main) => {
                 let view = request.path.clone();
-                let html = page::document(&page::title(&page), &view, &main);
+                let html = page::document(&page, &view, &main);
                 let headers = [("content-type", "text/html; charset=utf-8")];
                 http::respond_with(&mut stream, "200 OK", &headers, html.as_bytes()).await
             }

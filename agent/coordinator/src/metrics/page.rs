@@ -55,6 +55,17 @@ enum NodeSort {
     Name,
 }
 
+impl NodeSort {
+    fn name(self) -> &'static str {
+        match self {
+            NodeSort::Idle => "idle",
+            NodeSort::Heard => "heard",
+            NodeSort::Joined => "joined",
+            NodeSort::Name => "name",
+        }
+    }
+}
+
 impl Page {
     /// The page `target` names (path and query), or why none does.
     pub(crate) fn parse(target: &str) -> Result<Page, PageError> {
@@ -166,13 +177,7 @@ impl NodeQuery {
         if let Some((k, v)) = &self.label {
             add("label", &format!("{k}={v}"));
         }
-        let sort = match self.sort {
-            NodeSort::Idle => "idle",
-            NodeSort::Heard => "heard",
-            NodeSort::Joined => "joined",
-            NodeSort::Name => "name",
-        };
-        add("sort", sort);
+        add("sort", self.sort.name());
         let _ = write!(out, "page={page}");
         out
     }
@@ -325,19 +330,57 @@ pub(crate) fn render_main(
 }
 
 /// The whole document around `main`, with the one stream that keeps it current.
-pub(crate) fn document(title: &str, view: &str, main: &str) -> String {
+pub(crate) fn document(page: &Page, view: &str, main: &str) -> String {
+    // The filter form stands outside `main`, which the stream replaces: what is typed stays.
+    let form = match page {
+        Page::Nodes(query) => filter_form(query),
+        _ => String::new(),
+    };
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} · fleet</title>\
 <link rel=\"icon\" href=\"data:,\"><meta name=\"viewport\" content=\"width=device-width\">\
 <style>{STYLE}</style></head><body><nav><a href=\"/\">fleet</a> <a href=\"/nodes\">nodes</a> \
-<a href=\"/coordinators\">coordinators</a> <span id=\"live\">live</span></nav>\
+<a href=\"/coordinators\">coordinators</a> <span id=\"live\">live</span></nav>{form}\
 <main data-view=\"{view}\">{main}</main><script>{SCRIPT}</script></body></html>",
-        title = esc(title),
+        title = esc(&title(page)),
         view = esc(view),
     )
 }
 
-pub(crate) fn title(page: &Page) -> String {
+/// The nodes table's filters and sort as a plain form (a GET of `/nodes`).
+fn filter_form(query: &NodeQuery) -> String {
+    let select = |name: &str, options: &[&str], chosen: &str| {
+        let mut out = format!("<select name=\"{name}\" id=\"filter-{name}\">");
+        for option in options {
+            let selected = if *option == chosen { " selected" } else { "" };
+            let _ = write!(out, "<option{selected}>{option}</option>");
+        }
+        out.push_str("</select>");
+        out
+    };
+    let text = |name: &str, value: &Option<String>| {
+        format!(
+            "<input name=\"{name}\" id=\"filter-{name}\" size=\"10\" value=\"{}\">",
+            esc(value.as_deref().unwrap_or(""))
+        )
+    };
+    let label = query.label.as_ref().map(|(k, v)| format!("{k}={v}"));
+    let sort = query.sort.name();
+    format!(
+        "<form id=\"filter\" method=\"get\" action=\"/nodes\">state {} arch {} version {} label {} sort {} <button id=\"filter-apply\">filter</button></form>",
+        select(
+            "state",
+            &["", "joined", "lost", "failed"],
+            query.state.as_deref().unwrap_or("")
+        ),
+        text("arch", &query.arch),
+        text("version", &query.version),
+        text("label", &label),
+        select("sort", &["idle", "heard", "joined", "name"], sort),
+    )
+}
+
+fn title(page: &Page) -> String {
     match page {
         Page::Fleet => "Fleet".into(),
         Page::Nodes(_) => "Nodes".into(),
@@ -347,7 +390,7 @@ pub(crate) fn title(page: &Page) -> String {
     }
 }
 
-const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222}\
+const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222}form{margin:.5em 0}\
 nav a{margin-right:1em}#live{color:#888;font-size:12px}table{border-collapse:collapse;margin:.5em 0}\
 td,th{padding:2px 10px;border-bottom:1px solid #ddd;text-align:left}.lost,.failed{color:#b00}\
 .Joined{color:#070}.counts span{display:inline-block;margin-right:2em;font-size:18px}\
