@@ -371,8 +371,21 @@ fn off_loopback_the_metrics_need_the_token_and_bad_setups_are_refused_with_a_lin
     assert_eq!(status, 200, "a query string is ignored: {body}");
     let (status, _, body) = http(&addr, "GET", "/healthz", &[]);
     assert_eq!((status, body.as_str()), (200, "ok\n"), "no token needed");
-    let (status, _, body) = http(&addr, "GET", "/readyz", &[]);
-    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    // Ready once serving takes sessions; until then (its first moments) it says why not.
+    let mut answers = Vec::new();
+    let ready = wait_until(Duration::from_secs(10), || {
+        let (status, _, body) = http(&addr, "GET", "/readyz", &[]);
+        answers.push((status, body));
+        status == 200
+    });
+    assert!(ready, "never ready: {answers:?}");
+    let starting = "not ready: the coordinator does not take sessions now (starting or stopping)\n";
+    for (status, body) in &answers {
+        match status {
+            200 => assert_eq!(body, "ready\n"),
+            _ => assert_eq!((*status, body.as_str()), (503, starting)),
+        }
+    }
     let (status, _, body) = http(&addr, "GET", "/nodes/../../etc", &right);
     assert_eq!((status, body.as_str()), (404, "no page /nodes/../../etc\n"));
     for page in ["/", "/nodes", "/events?view=%2F"] {
