@@ -331,6 +331,14 @@ fn off_loopback_the_metrics_need_the_token_and_bad_setups_are_refused_with_a_lin
             empty.display()
         )
     );
+    let missing = dir.path().join("no-such-token");
+    assert_eq!(
+        serve_fails(dir.path(), &["--metrics-auth", missing.to_str().unwrap()]),
+        format!(
+            "fleet-coordinator: cannot read the metrics token file {}: No such file or directory (os error 2); write the token into it (chmod 600)",
+            missing.display()
+        )
+    );
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
     assert_eq!(

@@ -176,10 +176,20 @@ impl Browser {
             .to_string()
     }
 
-    /// Clicks the first element `css` selects.
+    /// Clicks the first element `css` selects. An element the page replaced between the find and
+    /// the click (a stale reference) is found again, as a person's next try would.
     pub fn click(&self, css: &str) {
-        let id = self.element(css);
-        self.call("POST", &format!("/element/{id}/click"), Some(json!({})));
+        for _ in 0..5 {
+            let id = self.element(css);
+            let path = format!("/session/{}/element/{id}/click", self.session);
+            let (status, answer) = http_json(&self.addr, "POST", &path, Some(&json!({})));
+            match status {
+                200 => return,
+                _ if answer["value"]["error"] == "stale element reference" => continue,
+                _ => panic!("clicking {css}: {answer}"),
+            }
+        }
+        panic!("{css} went stale five times in a row");
     }
 
     /// Types `text` into the first element `css` selects, as a person would.

@@ -3,7 +3,7 @@
 //! the metrics and the page need a bearer token (`serve --metrics-auth FILE`); `/healthz` and
 //! `/readyz` answer without one, as load balancers and watchdogs ask them.
 use super::auth::BearerToken;
-use super::page::{self, Page, PageError};
+use super::page::{self, Page, PageError, Rendered};
 use super::scrape::{self, Format};
 use crate::Coordinator;
 use crate::http::{self, Request};
@@ -198,9 +198,9 @@ async fn answer(shared: &Shared, mut stream: TcpStream) -> std::io::Result<()> {
             }
         }
         Route::Page(page) => match render(coordinator, &page).await {
-            Ok(main) => {
+            Ok(rendered) => {
                 let view = request.path.clone();
-                let html = page::document(&page, &view, &main);
+                let html = page::document(&page, &view, &rendered);
                 let headers = [("content-type", "text/html; charset=utf-8")];
                 http::respond_with(&mut stream, "200 OK", &headers, html.as_bytes()).await
             }
@@ -238,7 +238,7 @@ async fn refuse(stream: &mut TcpStream, error: PageError) -> std::io::Result<()>
 }
 
 /// The page's body, rendered on the blocking pool (it reads the store).
-async fn render(coordinator: &Arc<Coordinator>, page: &Page) -> Result<String, PageError> {
+async fn render(coordinator: &Arc<Coordinator>, page: &Page) -> Result<Rendered, PageError> {
     let (coordinator, page) = (coordinator.clone(), page.clone());
     tokio::task::spawn_blocking(move || {
         let context = coordinator
@@ -269,7 +269,7 @@ async fn events(
         }
         let began = tokio::time::Instant::now();
         let message = match render(coordinator, page).await {
-            Ok(main) => page::event_message(&main),
+            Ok(rendered) => page::event_message(&rendered.main),
             // A page gone meanwhile (a pruned set) says so where it stood.
             Err(e) => page::event_message(&format!("<p>{}</p>", page::escape(&format!("{e:?}")))),
         };

@@ -284,14 +284,27 @@ pub(crate) struct Context {
 }
 
 /// The page's `<main>`: what the stream sends again every second.
+/// A page's body, and for the nodes table how many pages it has.
+#[derive(Debug, Clone)]
+pub(crate) struct Rendered {
+    pub main: String,
+    pub pages: usize,
+}
+
+impl From<String> for Rendered {
+    fn from(main: String) -> Rendered {
+        Rendered { main, pages: 1 }
+    }
+}
+
 pub(crate) fn render_main(
     coordinator: &Coordinator,
     page: &Page,
     context: &Context,
-) -> Result<String, PageError> {
+) -> Result<Rendered, PageError> {
     let store = |e: crate::CoordinatorError| PageError::Store(e.to_string());
     match page {
-        Page::Fleet => Ok(fleet(&coordinator.nodes().map_err(store)?, context)),
+        Page::Fleet => Ok(fleet(&coordinator.nodes().map_err(store)?, context).into()),
         Page::Nodes(query) => {
             let all = coordinator.nodes().map_err(store)?;
             let active =
@@ -303,12 +316,12 @@ pub(crate) fn render_main(
             Ok(nodes(&all, &runs_out, query))
         }
         Page::Set(id) => match coordinator.status(Some(id), None) {
-            Ok(rows) => Ok(set(id, &rows)),
+            Ok(rows) => Ok(set(id, &rows).into()),
             Err(crate::CoordinatorError::Request(line)) => Err(PageError::NotFound(line)),
             Err(e) => Err(store(e)),
         },
         Page::Run(id) => match coordinator.status(None, Some(id)) {
-            Ok(rows) => Ok(rows.first().map(run).unwrap_or_default()),
+            Ok(rows) => Ok(rows.first().map(run).unwrap_or_default().into()),
             Err(crate::CoordinatorError::Request(line)) => Err(PageError::NotFound(line)),
             Err(e) => Err(store(e)),
         },
@@ -324,24 +337,26 @@ pub(crate) fn render_main(
                 out.push_str("<tr><td>this coordinator alone</td></tr>");
             }
             out.push_str("</table>");
-            Ok(out)
+            Ok(out.into())
         }
     }
 }
 
 /// The whole document around `main`, with the one stream that keeps it current.
-pub(crate) fn document(page: &Page, view: &str, main: &str) -> String {
-    // The filter form stands outside `main`, which the stream replaces: what is typed stays.
-    let form = match page {
-        Page::Nodes(query) => filter_form(query),
-        _ => String::new(),
+pub(crate) fn document(page: &Page, view: &str, rendered: &Rendered) -> String {
+    // The filter form and the pager stand outside `main`, which the stream replaces: what is
+    // typed stays, and a link is never swapped under a click.
+    let (form, pager) = match page {
+        Page::Nodes(query) => (filter_form(query), pager(query, rendered.pages)),
+        _ => (String::new(), String::new()),
     };
+    let main = &rendered.main;
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} · fleet</title>\
 <link rel=\"icon\" href=\"data:,\"><meta name=\"viewport\" content=\"width=device-width\">\
 <style>{STYLE}</style></head><body><nav><a href=\"/\">fleet</a> <a href=\"/nodes\">nodes</a> \
 <a href=\"/coordinators\">coordinators</a> <span id=\"live\">live</span></nav>{form}\
-<main data-view=\"{view}\">{main}</main><script>{SCRIPT}</script></body></html>",
+<main data-view=\"{view}\">{main}</main>{pager}<script>{SCRIPT}</script></body></html>",
         title = esc(&title(page)),
         view = esc(view),
     )
@@ -396,11 +411,13 @@ td,th{padding:2px 10px;border-bottom:1px solid #ddd;text-align:left}.lost,.faile
 .Joined{color:#070}.counts span{display:inline-block;margin-right:2em;font-size:18px}\
 svg{background:#fafafa;border:1px solid #ddd}pre{background:#f4f4f4;padding:.5em;white-space:pre-wrap}";
 
-/// One stream for the whole page: the server sends the page's body again, the script puts it in.
+/// One stream for the whole page: the server sends the page's body again, the script puts it in
+/// when it changed (a link in a page that did not change is never swapped under a click).
 const SCRIPT: &str = "(function(){var m=document.querySelector('main');\
 var s=new EventSource('/events?view='+encodeURIComponent(m.dataset.view));\
 var live=document.getElementById('live');\
-s.onmessage=function(e){m.innerHTML=e.data;live.textContent='live '+new Date().toLocaleTimeString();};\
+var last=null;s.onmessage=function(e){if(e.data!==last){last=e.data;m.innerHTML=e.data;}\
+live.textContent='live '+new Date().toLocaleTimeString();};\
 s.onerror=function(){live.textContent='reconnecting';};})();";
 
 fn fleet(nodes: &[NodeView], context: &Context) -> String {
@@ -509,7 +526,7 @@ fn bars(id: &str, values: &[u64], labels: &[&str]) -> String {
     out
 }
 
-fn nodes(all: &[NodeView], runs_out: &HashMap<&str, usize>, query: &NodeQuery) -> String {
+fn nodes(all: &[NodeView], runs_out: &HashMap<&str, usize>, query: &NodeQuery) -> Rendered {
     let now = now_ms();
     let mut rows: Vec<&NodeView> = all.iter().filter(|n| query.matches(n)).collect();
     let idle = |n: &NodeView| now.saturating_sub(n.last_heartbeat_ms.unwrap_or(n.joined_at_ms));
@@ -547,7 +564,15 @@ fn nodes(all: &[NodeView], runs_out: &HashMap<&str, usize>, query: &NodeQuery) -
             },
         );
     }
-    out.push_str("</table><p>");
+    out.push_str("</table>");
+    Rendered { main: out, pages }
+}
+
+/// The links to the pages before and after, outside the body the stream replaces (a click on
+/// them never meets a link that was just swapped).
+fn pager(query: &NodeQuery, pages: usize) -> String {
+    let page = query.page.min(pages);
+    let mut out = String::from("<p id=\"pager\">");
     if page > 1 {
         let _ = write!(
             out,
