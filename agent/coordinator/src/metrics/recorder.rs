@@ -156,9 +156,9 @@ impl Recorder {
         }
     }
 
-    /// The time since the session's previous heartbeat, as one is heard.
-    pub(crate) fn heartbeat_gap(&self, gap: Duration) {
-        self.heartbeat_gap.observe(gap.as_secs_f64());
+    /// What a session's reader records each heartbeat into: one histogram, not every handle.
+    pub(crate) fn heartbeat_gaps(&self) -> HeartbeatGaps {
+        HeartbeatGaps(self.heartbeat_gap.clone())
     }
 
     /// One group commit of `changes` on `backend`.
@@ -275,6 +275,16 @@ pub(crate) fn how_it_ended(outcome: Option<&Outcome>) -> &'static str {
             Some(_) => "exit_nonzero",
             None => "no_outcome",
         }
+    }
+}
+
+/// The time between a session's heartbeats, as its reader hears them.
+#[derive(Debug, Clone)]
+pub(crate) struct HeartbeatGaps(Histogram);
+
+impl HeartbeatGaps {
+    pub(crate) fn heard_after(&self, gap: Duration) {
+        self.0.observe(gap.as_secs_f64());
     }
 }
 

@@ -137,7 +137,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         let (tx, mut inbox) = mpsc::channel::<Box<Read>>(BATCH);
         // A heartbeat is noted as it is read: a session waiting on a slow store stays alive.
         let (beats, lease_ms) = (self.coordinator.beats().clone(), self.lease_ms);
-        let recorder = self.coordinator.recorder().clone();
+        let gaps = self.coordinator.recorder().heartbeat_gaps();
         let reading = tokio::spawn(async move {
             let mut reader = reader;
             let mut last_beat = None;
@@ -149,7 +149,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     beats.note(&node_id, lease_ms);
                     let now = tokio::time::Instant::now();
                     if let Some(last) = last_beat.replace(now) {
-                        recorder.heartbeat_gap(now - last);
+                        gaps.heard_after(now - last);
                     }
                 }
                 let end = !matches!(msg, Ok(Some(_)));
