@@ -1,6 +1,7 @@
 //! Copying an image by digest between layouts and registries: read the manifest (or index and its
 //! manifests), plan the blobs, move them, then put the manifests, the named one last.
 use crate::auth;
+use crate::carry::{self, Carried};
 use crate::digest::Digest;
 use crate::inspect::{self, Inspection};
 use crate::layout::{Layout, LayoutError, RefOrDigest, Rollback};
@@ -37,6 +38,33 @@ pub enum CopyError {
         "the destination pins digest {pinned} but the image is {actual}: drop @DIGEST from the destination or copy that image"
     )]
     PinMismatch { pinned: Digest, actual: Digest },
+    #[error(
+        "{image} has more than {limit} referrers: pass --artifact-type to take only one kind, or --no-referrers"
+    )]
+    TooManyReferrers { image: String, limit: usize },
+    #[error(
+        "after the copy, {target} lacks these referrers of the source: {missing}; copy again, and check that nothing at the target deletes them"
+    )]
+    ReferrersMissing { target: String, missing: String },
+    #[error(
+        "{target} holds a manifest under the referrers fallback tag {tag} that is not an index: remove that tag, or copy with --no-referrers"
+    )]
+    FallbackNotIndex { target: String, tag: String },
+    #[error(
+        "{target}: the referrers fallback tag {tag} was replaced by another writer {tries} times in a row; copy again"
+    )]
+    FallbackContended {
+        target: String,
+        tag: String,
+        tries: usize,
+    },
+    #[error("cannot read {}: {detail}", .path.display())]
+    Input {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+    #[error("a worker thread failed: {0}")]
+    Task(String),
 }
 
 /// One side of a transfer, opened.
@@ -99,7 +127,8 @@ impl Endpoint {
         }
     }
 
-    fn name(&self) -> String {
+    /// How the image is named in messages.
+    pub fn name(&self) -> String {
         match self {
             Endpoint::Layout { name, .. } => name.clone(),
             Endpoint::Registry { reference, .. } => reference.to_string(),
@@ -149,6 +178,10 @@ pub struct CopyOptions {
     pub platforms: Vec<Platform>,
     /// Never draw progress bars.
     pub quiet: bool,
+    /// Carry what refers to the image (signatures, SBOMs, attestations).
+    pub referrers: bool,
+    /// Carry only referrers of this artifact type.
+    pub artifact_type: Option<String>,
 }
 
 /// What a copy did, for the one-line answer and `--json`.
@@ -167,6 +200,9 @@ pub struct Report {
     pub blobs_present: usize,
     pub bytes_uploaded: u64,
     pub manifests_pushed: usize,
+    /// What refers to the image, carried along (absent with `--no-referrers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub referrers: Option<Carried>,
 }
 
 /// The manifests and blobs of one image, in the order they must be put.
@@ -175,6 +211,8 @@ struct Plan {
     children: Vec<Manifest>,
     top: Manifest,
     blobs: Vec<Descriptor>,
+    /// The top index was rewritten to list only the asked platforms.
+    filtered: bool,
 }
 
 /// Copies `src` to `dst`: blobs first, then child manifests, then the named manifest, so a tag
@@ -185,6 +223,34 @@ pub async fn copy(
     options: &CopyOptions,
 ) -> Result<Report, CopyError> {
     let plan = plan(src, options).await?;
+    let mut report = copy_image(src, dst, &plan, options).await?;
+    if options.referrers {
+        // A filtered index is a new document nothing refers to; its platforms' manifests are not.
+        let mut roots: Vec<Digest> = plan.children.iter().map(|c| c.digest).collect();
+        if !plan.filtered {
+            roots.insert(0, plan.top.digest);
+        }
+        let carried = carry::carry(
+            src,
+            dst,
+            &roots,
+            options.artifact_type.as_deref(),
+            &options.blobs,
+            options.quiet,
+        )
+        .await?;
+        report.referrers = Some(carried);
+    }
+    Ok(report)
+}
+
+/// The image itself: blobs, child manifests, then the named manifest.
+async fn copy_image(
+    src: &Endpoint,
+    dst: &Endpoint,
+    plan: &Plan,
+    options: &CopyOptions,
+) -> Result<Report, CopyError> {
     let top = &plan.top;
     let mut report = Report {
         reference: dst.name(),
@@ -198,6 +264,7 @@ pub async fn copy(
         blobs_present: 0,
         bytes_uploaded: 0,
         manifests_pushed: 0,
+        referrers: None,
     };
     if let Endpoint::Registry { reference, .. } = dst
         && let Some(pinned) = reference.digest
@@ -239,10 +306,12 @@ async fn plan(src: &Endpoint, options: &CopyOptions) -> Result<Plan, CopyError> 
     let mut top = src.top_manifest().await?;
     let mut children = Vec::new();
     let mut blobs = BTreeMap::new();
+    let mut filtered = false;
     if spec::is_index(&top.media_type) {
         let index: Index = parse(&src.name(), "index", &top.bytes)?;
         let kept = select_platforms(&src.name(), &index, &options.platforms)?;
         if kept.len() != index.manifests.len() {
+            filtered = true;
             // A filtered index is a new document listing only what is copied, never a sparse one.
             let filtered = Index {
                 manifests: kept.clone(),
@@ -282,6 +351,7 @@ async fn plan(src: &Endpoint, options: &CopyOptions) -> Result<Plan, CopyError> 
         children,
         top,
         blobs: blobs.into_values().collect(),
+        filtered,
     })
 }
 

@@ -552,6 +552,23 @@ impl Layout {
         self.write_index(&index)
     }
 
+    /// Adds `descriptor` to `index.json` without a ref name (a referrer of an image, found by its
+    /// `subject`), unless an entry of that digest without a ref name is there already.
+    pub fn add_untagged(&self, descriptor: &Descriptor) -> Result<()> {
+        let mut index = self.index()?;
+        if index
+            .manifests
+            .iter()
+            .any(|d| d.digest == descriptor.digest && d.ref_name().is_none())
+        {
+            return Ok(());
+        }
+        let mut entry = descriptor.clone();
+        entry.annotations.remove(ANNOTATION_REF_NAME);
+        index.manifests.push(entry);
+        self.write_index(&index)
+    }
+
     fn write_index(&self, index: &Index) -> Result<()> {
         write_atomic(&self.dir.join("index.json"), &spec::to_json_bytes(index))
     }

@@ -10,11 +10,16 @@ pub mod layer;
 pub mod layout;
 pub mod spec;
 // Registry transfers (issue 3).
+pub mod attach;
 pub mod auth;
+pub mod carry;
 pub mod copy;
+pub mod cosign;
+pub mod keys;
 pub mod progress;
 pub mod push;
 pub mod reference;
+pub mod referrers;
 pub mod remote;
 pub mod tar;
 pub mod tls;

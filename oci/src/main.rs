@@ -1,4 +1,5 @@
 //! The `oci` command line.
+mod artifact_cli;
 mod build_cli;
 mod remote_cli;
 
@@ -24,6 +25,14 @@ enum Command {
     Push(remote_cli::PushArgs),
     /// Copy an image between registries and layouts, by digest; prints the manifest digest
     Copy(remote_cli::CopyArgs),
+    /// List what refers to an image (signatures, SBOMs, attestations)
+    Referrers(artifact_cli::ReferrersArgs),
+    /// Attach a file to an image as an artifact that refers to it; prints the artifact's digest
+    Attach(artifact_cli::AttachArgs),
+    /// Sign an image in cosign's format with an ECDSA P-256 key; prints the signatures' digest
+    Sign(artifact_cli::SignArgs),
+    /// Check that an image carries a valid cosign-format signature by one of the keys
+    Verify(artifact_cli::VerifyArgs),
     /// Show an image: oci:DIR:REF, oci:DIR@sha256:HEX or docker://HOST/REPO[:TAG|@sha256:HEX]
     Inspect {
         /// The image
@@ -47,6 +56,10 @@ fn main() {
     let result = match cli.command {
         Command::Push(args) => remote_cli::push(args),
         Command::Copy(args) => remote_cli::copy(args),
+        Command::Referrers(args) => artifact_cli::referrers(args),
+        Command::Attach(args) => artifact_cli::attach(args),
+        Command::Sign(args) => artifact_cli::sign(args),
+        Command::Verify(args) => artifact_cli::verify(args),
         Command::Build(args) => build_cli::build(args),
         Command::Index(args) => build_cli::index(args),
         Command::Inspect { reference, remote } if !remote_cli::is_remote(&reference) => {

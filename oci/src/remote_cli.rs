@@ -34,7 +34,7 @@ pub struct TlsArgs {
 }
 
 impl TlsArgs {
-    fn options(&self) -> TlsOptions {
+    pub fn options(&self) -> TlsOptions {
         TlsOptions {
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
@@ -63,6 +63,12 @@ pub struct TransferArgs {
     /// No progress bars even on a terminal
     #[arg(long)]
     pub quiet: bool,
+    /// Leave behind what refers to the image (signatures, SBOMs, attestations)
+    #[arg(long)]
+    pub no_referrers: bool,
+    /// Carry only referrers of this artifact type (what refers to them comes along)
+    #[arg(long, value_name = "TYPE", conflicts_with = "no_referrers")]
+    pub artifact_type: Option<String>,
 }
 
 fn parse_platform(s: &str) -> Result<Platform, String> {
@@ -199,14 +205,14 @@ pub struct RemoteInspectArgs {
     pub tls: TlsArgs,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
 }
 
-fn parse_ref(s: &str) -> Result<ImageRef> {
+pub fn parse_ref(s: &str) -> Result<ImageRef> {
     Ok(s.parse::<ImageRef>()?)
 }
 
@@ -250,6 +256,8 @@ fn transfer(
         },
         platforms: t.platform.clone(),
         quiet: t.quiet || t.json,
+        referrers: !t.no_referrers,
+        artifact_type: t.artifact_type.clone(),
     };
     let report = runtime()?.block_on(async {
         let from = Endpoint::open(src, &src_tls.options(), src_tls.creds.as_deref(), false)?;
@@ -258,7 +266,17 @@ fn transfer(
         to.finish();
         Ok::<_, copy::CopyError>(report)
     })?;
+    if let Some(carried) = &report.referrers {
+        warn_skipped(&carried.skipped);
+    }
     print_report(&report, t.json)
+}
+
+/// One line on stderr for each listed artifact that was not taken.
+pub fn warn_skipped(lines: &[String]) {
+    for line in lines {
+        eprintln!("oci: {line}");
+    }
 }
 
 fn print_report(report: &Report, json: bool) -> Result<()> {

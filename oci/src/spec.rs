@@ -21,6 +21,8 @@ pub const MEDIA_TYPE_DOCKER_MANIFEST: &str = "application/vnd.docker.distributio
 /// Docker's manifest list, the counterpart of an OCI index.
 pub const MEDIA_TYPE_DOCKER_LIST: &str =
     "application/vnd.docker.distribution.manifest.list.v2+json";
+/// The empty JSON document `{}`, the config of an artifact that has none.
+pub const MEDIA_TYPE_EMPTY: &str = "application/vnd.oci.empty.v1+json";
 /// The annotation that names an image in a layout's `index.json`.
 pub const ANNOTATION_REF_NAME: &str = "org.opencontainers.image.ref.name";
 

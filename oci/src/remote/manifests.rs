@@ -61,22 +61,48 @@ impl Client {
 
     /// Fetches a manifest; with a digest reference its bytes must hash to it.
     pub async fn get_manifest(&self, repo: &str, reference: &str) -> Result<Manifest, RemoteError> {
+        self.fetch_manifest(repo, reference, false)
+            .await?
+            .ok_or_else(|| RemoteError::NotFound {
+                what: self.manifest_name(repo, reference),
+            })
+    }
+
+    /// Fetches a manifest that may not be there (a referrer's tag): None on 404.
+    pub async fn get_manifest_if_any(
+        &self,
+        repo: &str,
+        reference: &str,
+    ) -> Result<Option<Manifest>, RemoteError> {
+        self.fetch_manifest(repo, reference, true).await
+    }
+
+    fn manifest_name(&self, repo: &str, reference: &str) -> String {
+        let at = if reference.starts_with("sha256:") {
+            "@"
+        } else {
+            ":"
+        };
+        format!("docker://{}/{repo}{at}{reference}", self.host())
+    }
+
+    async fn fetch_manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+        absent_is_none: bool,
+    ) -> Result<Option<Manifest>, RemoteError> {
         let scope = Scope::pull(repo);
-        let name = format!(
-            "docker://{}/{repo}{}{reference}",
-            self.host(),
-            if reference.starts_with("sha256:") {
-                "@"
-            } else {
-                ":"
-            }
-        );
+        let name = self.manifest_name(repo, reference);
         let url = self.url(&format!("/v2/{repo}/manifests/{reference}"));
         let resp = self
             .send(&scope, Method::GET, &url, |rb| {
                 rb.header(header::ACCEPT, ACCEPT.join(", "))
             })
             .await?;
+        if absent_is_none && resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
         if !resp.status().is_success() {
             return Err(self.status_error(resp, &scope, &name).await);
         }
@@ -112,11 +138,46 @@ impl Client {
                 crate::digest::mismatch_message("manifest", &asked, &digest, bytes.len() as u64);
             return Err(RemoteError::Mismatch(m));
         }
-        Ok(Manifest {
+        Ok(Some(Manifest {
             bytes,
             media_type,
             digest,
-        })
+        }))
+    }
+
+    /// The OCI 1.1 referrers API's index of what refers to `digest`, or None when the registry
+    /// does not offer the API (any answer but 200 with an index: distribution 2.8 says 404).
+    pub async fn get_referrers(
+        &self,
+        repo: &str,
+        digest: &Digest,
+    ) -> Result<Option<spec::Index>, RemoteError> {
+        let scope = Scope::pull(repo);
+        let url = self.url(&format!("/v2/{repo}/referrers/{digest}"));
+        let resp = self
+            .send(&scope, Method::GET, &url, |rb| {
+                rb.header(header::ACCEPT, spec::MEDIA_TYPE_INDEX)
+            })
+            .await?;
+        if resp.status() != StatusCode::OK {
+            return Ok(None);
+        }
+        let bytes = resp.bytes().await.map_err(|e| RemoteError::BadAnswer {
+            host: self.host().to_string(),
+            method: "GET".into(),
+            path: format!("/v2/{repo}/referrers/{digest}"),
+            detail: e.to_string(),
+        })?;
+        if bytes.len() > MANIFEST_LIMIT {
+            return Err(RemoteError::BadAnswer {
+                host: self.host().to_string(),
+                method: "GET".into(),
+                path: format!("/v2/{repo}/referrers/{digest}"),
+                detail: format!("the referrers index is over {MANIFEST_LIMIT} bytes"),
+            });
+        }
+        // A 200 that is not an index is a registry that routes the path elsewhere: no API.
+        Ok(serde_json::from_slice(&bytes).ok())
     }
 
     /// Puts a manifest's exact bytes under `reference` (a tag, or its digest).
