@@ -854,3 +854,165 @@ fn an_engine_whose_oldest_api_is_1_44_is_spoken_to_at_its_version() {
 fn image_ref(name: &str) -> fleet_proto::run::ImageRef {
     fleet_proto::run::ImageRef::parse(name).unwrap()
 }
+
+/// An ECDSA P-256 key pair made by openssl: (private PEM, public PEM).
+fn p256_pair(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (key, public) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.pub")),
+    );
+    let openssl = |args: &[&str]| {
+        testkit::ok(std::process::Command::new("openssl").args(args));
+    };
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        key.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "pkey",
+        "-in",
+        key.to_str().unwrap(),
+        "-pubout",
+        "-out",
+        public.to_str().unwrap(),
+    ]);
+    (key, public)
+}
+
+#[test]
+fn the_signing_policy_refuses_an_unsigned_image_and_another_keys_and_runs_the_fleets() {
+    let dir = testkit::tempdir();
+    let path = |name: &str| dir.path().join(name);
+    let registry = Registry::start(Options {
+        user: Some(("ci", PASSWORD)),
+        ..Options::default()
+    });
+    let creds = format!("ci:{PASSWORD}");
+    let images = Containers::new("signed-images");
+    engine_version(&images.runtime());
+    let image = images.image(&registry, "signed/sh", Some(&creds));
+    let (digest_part, repo) = (
+        image.split_once('@').unwrap().1,
+        image.split_once('@').unwrap().0,
+    );
+    let remote = format!("docker://{repo}@{digest_part}");
+    let auth = path("auth.json");
+    std::fs::write(
+        &auth,
+        serde_json::json!({"username": "ci", "password": PASSWORD}).to_string(),
+    )
+    .unwrap();
+    let (fleet_key, fleet_pub) = p256_pair(dir.path(), "fleet");
+    let (other_key, other_pub) = p256_pair(dir.path(), "other");
+    let sign = |key: &std::path::Path| {
+        testkit::ok(
+            testkit::cmd("oci")
+                .args(["sign", &remote, "--plain-http", "--creds", &creds, "--key"])
+                .arg(key),
+        );
+    };
+
+    let coord = Coordinator::start(&path("coord"), &[]);
+    let set_policy = testkit::ok(
+        coord
+            .command()
+            .args(["policy", "--require-signature"])
+            .arg(&fleet_pub),
+    );
+    let fleet_id = set_policy.trim().to_string();
+    assert!(fleet_id.starts_with("sha256:"), "{set_policy}");
+    // The key id is the SHA-256 of the key's DER, as openssl computes it.
+    let der = testkit::output(
+        std::process::Command::new("openssl")
+            .args(["pkey", "-pubin", "-outform", "DER", "-in"])
+            .arg(&fleet_pub),
+    )
+    .stdout;
+    use sha2::Digest as _;
+    assert_eq!(
+        fleet_id,
+        format!("sha256:{}", hex::encode(sha2::Sha256::digest(&der)))
+    );
+    // A key file that is not one is refused with its line, and the policy stays as it was.
+    std::fs::write(path("junk.pub"), "not a key").unwrap();
+    assert_eq!(
+        coord.refusal(&[
+            "policy",
+            "--require-signature",
+            path("junk.pub").to_str().unwrap()
+        ]),
+        format!(
+            "fleet-coordinator: {} is not an ECDSA P-256 public key in PEM (BEGIN PUBLIC KEY): it has no -----BEGIN PUBLIC KEY----- line; make one with openssl pkey -in KEY -pubout -out KEY.pub",
+            path("junk.pub").display()
+        )
+    );
+    assert_eq!(testkit::ok(coord.command().arg("policy")).trim(), fleet_id);
+
+    std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
+    let agent = Agent::spawn(
+        &path("agent.log"),
+        testkit::agent::machine_command(dir.path()),
+    );
+    assert!(
+        agent.wait_for("session open", 1, Duration::from_secs(30)),
+        "{}",
+        agent.log_text()
+    );
+    let run = |extra: &[&str]| {
+        let mut cmd = coord.command();
+        cmd.args(["run", "--all", "--image", &image, "--registry-auth"])
+            .arg(&auth)
+            .args(extra)
+            .args(["--", "-c", "echo signed"]);
+        cmd
+    };
+    let refused =
+        |cmd: &mut std::process::Command| testkit::fails(cmd).lines().last().unwrap().to_string();
+    let prefix = format!(
+        "fleet-coordinator: the fleet runs only images signed by {fleet_id} and refuses {image}: "
+    );
+    assert_eq!(
+        refused(&mut run(&[])),
+        format!(
+            "{prefix}docker://{repo}@{digest_part} has no signature (no tag sha256-HEX.sig and no signature referrer): sign it with oci sign --key KEY"
+        )
+    );
+    sign(&other_key);
+    let line = refused(&mut run(&[]));
+    assert!(
+        line.starts_with(&format!(
+            "{prefix}docker://{repo}@{digest_part} has no valid signature by {fleet_id}: tag sha256-"
+        )) && line.ends_with("it was made by none of these keys"),
+        "{line}"
+    );
+    // The other key's signature checks out with its own key: the refusal is the policy's.
+    testkit::ok(
+        testkit::cmd("oci")
+            .args([
+                "verify",
+                &remote,
+                "--plain-http",
+                "--creds",
+                &creds,
+                "--key",
+            ])
+            .arg(&other_pub),
+    );
+
+    sign(&fleet_key);
+    let set = testkit::ok(&mut run(&[])).trim().to_string();
+    let done = wait_row(&coord, &set, |r| r["state"] == "finished");
+    assert_eq!(done["outcome"]["exit_code"], 0, "{done:#}");
+    assert_eq!(done["signed_by"], fleet_id.as_str(), "{done:#}");
+
+    // Cleared, the fleet runs the image with no signature checked, and the row names none.
+    testkit::ok(coord.command().args(["policy", "--clear"]));
+    let set = testkit::ok(&mut run(&[])).trim().to_string();
+    let done = wait_row(&coord, &set, |r| r["state"] == "finished");
+    assert!(done.get("signed_by").is_none(), "{done:#}");
+}

@@ -48,6 +48,19 @@ pub enum Command {
     /// Replicate an artifact by digest into a node's --artifact-root through a read minted for
     /// that one fetch (needs `serve`); prints the copy as JSON
     Replicate(ReplicateArgs),
+    /// Show or set the fleet's signing policy: which keys must have signed an image it runs
+    Policy(PolicyArgs),
+}
+
+#[derive(Args)]
+pub struct PolicyArgs {
+    /// Run only images signed (cosign's format) by one of these ECDSA P-256 public keys, PEM
+    /// (repeatable; replaces the keys set before)
+    #[arg(long, value_name = "PUB", conflicts_with = "clear")]
+    pub require_signature: Vec<PathBuf>,
+    /// Require no signature any more
+    #[arg(long)]
+    pub clear: bool,
 }
 
 #[derive(Args)]

@@ -4,7 +4,7 @@
 //! API: `Coordinator` (open, tokens, nodes, and the run API in `runs`), `serve` (the port),
 //! `operator` (requests a CLI or hub sends to a serving coordinator), `store` (the store
 //! and its rules, over a backend: the embedded redb one or PostgreSQL, by [`StoreLocation`]),
-//! `userdata` (the `#cloud-config`), `metrics` (the diagnostic listener: metrics and health). Every other module is the crate's own.
+//! `userdata` (the `#cloud-config`), `signing` (the images the fleet trusts), `metrics` (the diagnostic listener: metrics and health). Every other module is the crate's own.
 mod bundles;
 mod commit;
 mod content;
@@ -18,6 +18,7 @@ pub mod operator;
 mod peer;
 pub mod runs;
 pub mod serve;
+pub mod signing;
 pub mod store;
 mod tokens;
 pub mod userdata;

@@ -136,6 +136,7 @@ fn run_coordinator(args: Cli) -> Result<()> {
             };
             println!("{}", serde_json::to_string(&replicated)?);
         }
+        Command::Policy(p) => policy(data, &p)?,
         Command::Stop(s) => {
             let operator::Answer::Stopped =
                 operate(&place, operator::Request::Stop { run: s.run.clone() })?
@@ -144,6 +145,32 @@ fn run_coordinator(args: Cli) -> Result<()> {
             };
             println!("stopped {}", s.run);
         }
+    }
+    Ok(())
+}
+
+/// Sets, clears or shows the signing policy in the data folder; every later `run --image`, on a
+/// serving coordinator or not, reads it.
+fn policy(data: &std::path::Path, args: &cli::PolicyArgs) -> Result<()> {
+    use fleet_coordinator::signing::{SigningPolicy, signers_path};
+    if args.clear {
+        SigningPolicy::clear(data)?;
+        println!("the fleet runs any image: no signature required");
+        return Ok(());
+    }
+    if !args.require_signature.is_empty() {
+        SigningPolicy::from_files(&args.require_signature)?.save(data)?;
+    }
+    match SigningPolicy::load(data)? {
+        Some(policy) => {
+            for key in policy.key_ids() {
+                println!("{key}");
+            }
+        }
+        None => println!(
+            "no signature required ({} is absent): set keys with --require-signature PUB",
+            signers_path(data).display()
+        ),
     }
     Ok(())
 }

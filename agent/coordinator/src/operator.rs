@@ -95,6 +95,19 @@ pub async fn handle(
             .replicate(&request)
             .await
             .map(Answer::Replicated),
+        // The signature is checked against the registry first, then the set is recorded.
+        Request::Run(req) => match coordinator.check_signature(&req).await {
+            Ok(signed_by) => tokio::task::spawn_blocking(move || {
+                coordinator.create_runs(&req, signed_by).map(Answer::Run)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(CoordinatorError::Request(format!(
+                    "the request did not complete: {e}"
+                )))
+            }),
+            Err(e) => Err(e),
+        },
         request => {
             tokio::task::spawn_blocking(move || answer(&coordinator, address.as_deref(), request))
                 .await
@@ -125,12 +138,16 @@ fn answer(
             .mint_tokens(&request, count, address)
             .map(Answer::Tokens),
         Request::Nodes => coordinator.nodes().map(Answer::Nodes),
-        Request::Run(req) => coordinator.create_runs(&req).map(Answer::Run),
         Request::Status { set, run } => coordinator
             .status(set.as_deref(), run.as_deref())
             .map(Answer::Status),
-        Request::Collect { .. } | Request::Stop { .. } | Request::Replicate(_) => {
-            unreachable!("collect, stop and replicate reach a node; `handle` answers them")
+        Request::Collect { .. }
+        | Request::Stop { .. }
+        | Request::Replicate(_)
+        | Request::Run(_) => {
+            unreachable!(
+                "run, collect, stop and replicate go beyond the store; `handle` answers them"
+            )
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The run API, mirroring the hub's `fleet.run`, `fleet.run.status` and `fleet.run.collect`: a set
 //! has one row per machine; rows wait for their machine, then follow its events to a final state.
+use crate::signing::SigningPolicy;
 use crate::store::{NodeRecord, RunMoved, RunRow};
 use crate::{Coordinator, CoordinatorError};
 use fleet_proto::clock::now_ms;
@@ -89,6 +90,9 @@ pub struct RunView {
     pub created_ms: u64,
     #[serde(default)]
     pub updated_ms: u64,
+    /// The key whose signature the fleet's signing policy found on the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,6 +127,7 @@ impl From<RunRow> for RunView {
             detail,
             created_ms: row.created_ms,
             updated_ms: row.updated_ms,
+            signed_by: row.signed_by,
         }
     }
 }
@@ -194,8 +199,36 @@ fn new_run_id() -> RunId {
 }
 
 impl Coordinator {
-    /// Records a set with one waiting run per selected node, and wakes their sessions.
-    pub fn create_runs(&self, request: &RunRequest) -> Result<SetView, CoordinatorError> {
+    /// Checks an image run against the fleet's signing policy (in the data folder, read afresh);
+    /// returns the key that signed it, None when the fleet requires no signature.
+    pub async fn check_signature(
+        &self,
+        request: &RunRequest,
+    ) -> Result<Option<String>, CoordinatorError> {
+        let Some(image) = &request.image else {
+            return Ok(None);
+        };
+        let data = self.data().to_path_buf();
+        let policy = off_thread(move || {
+            SigningPolicy::load(&data).map_err(|e| std::io::Error::other(e.to_string()))
+        })
+        .await
+        .map_err(|e| CoordinatorError::Request(e.to_string()))?;
+        let Some(policy) = policy else {
+            return Ok(None);
+        };
+        let image = ImageRef::parse(image).map_err(CoordinatorError::Request)?;
+        let key = policy.check(&image, request.registry_auth.as_ref()).await?;
+        Ok(Some(key))
+    }
+
+    /// Records a set with one waiting run per selected node, and wakes their sessions;
+    /// `signed_by` is what [`check_signature`](Self::check_signature) found.
+    pub fn create_runs(
+        &self,
+        request: &RunRequest,
+        signed_by: Option<String>,
+    ) -> Result<SetView, CoordinatorError> {
         let bad = |m: String| CoordinatorError::Request(m);
         let (workload, program) = match (&request.program, &request.image) {
             (Some(digest), None) => (Workload::Program(*digest), Some(digest)),
@@ -275,6 +308,7 @@ impl Coordinator {
                 error: None,
                 events: Vec::new(),
                 raw_command: request.raw_command(),
+                signed_by: signed_by.clone(),
             })
             .collect();
         let what = match &workload {

@@ -139,6 +139,7 @@ pub fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u6
         error: None,
         events: Vec::new(),
         raw_command: None,
+        signed_by: None,
     }
 }
 

@@ -124,6 +124,9 @@ pub struct RunRow {
     /// Sent as-is in place of the start (see [`super::runs::RunRequest::raw_command`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_command: Option<serde_json::Value>,
+    /// The key (`sha256:` of its DER) whose signature the signing policy found on the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
 }
 
 impl RunRow {
