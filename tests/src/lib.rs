@@ -4,6 +4,7 @@ pub mod docker;
 pub mod oci;
 pub mod pki;
 pub mod postgres;
+pub mod referrers_api;
 pub mod registry;
 pub mod runtime_suite;
 pub mod webdriver;

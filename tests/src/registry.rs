@@ -243,38 +243,22 @@ pub struct FaultProxy {
     pub addr: SocketAddr,
     faults: std::sync::Arc<std::sync::Mutex<Vec<Fault>>>,
     injected: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    _loopback: Loopback,
 }
 
 impl FaultProxy {
     pub fn start(upstream: SocketAddr, faults: Vec<Fault>) -> FaultProxy {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::atomic::AtomicUsize;
         use std::sync::{Arc, Mutex};
-        let listener = TcpListener::bind("127.0.0.1:0").expect("can bind a loopback port");
-        let addr = listener
-            .local_addr()
-            .expect("a bound listener has an address");
         let faults = Arc::new(Mutex::new(faults));
         let injected = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (f, i, s) = (faults.clone(), injected.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(conn) = conn else { continue };
-                let (f, i) = (f.clone(), i.clone());
-                std::thread::spawn(move || {
-                    let _ = proxy_one(conn, upstream, &f, &i);
-                });
-            }
-        });
+        let (f, i) = (faults.clone(), injected.clone());
+        let loopback = Loopback::serve(move |conn| proxy_one(conn, upstream, &f, &i));
         FaultProxy {
-            addr,
+            addr: loopback.addr,
             faults,
             injected,
-            stop,
+            _loopback: loopback,
         }
     }
 
@@ -304,10 +288,120 @@ impl FaultProxy {
     }
 }
 
-impl Drop for FaultProxy {
+/// A loopback listener that serves each connection on a thread of its own (the proxies here
+/// take one request per connection); it stops accepting when dropped.
+pub(crate) struct Loopback {
+    pub(crate) addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Loopback {
+    /// Listens on `127.0.0.1:0` and hands every connection to `serve`.
+    pub(crate) fn serve<F>(serve: F) -> Loopback
+    where
+        F: Fn(TcpStream) -> std::io::Result<()> + Send + Sync + 'static,
+    {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("can bind a loopback port");
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, serve) = (stop.clone(), Arc::new(serve));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let serve = serve.clone();
+                std::thread::spawn(move || {
+                    let _ = serve(conn);
+                });
+            }
+        });
+        Loopback { addr, stop }
+    }
+}
+
+impl Drop for Loopback {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// The head of one HTTP/1.1 request a proxy here read from its client.
+pub(crate) struct RequestHead {
+    /// The request line and the header lines, each with its CRLF (the blank line left out).
+    pub(crate) lines: Vec<String>,
+    pub(crate) method: String,
+    /// The request target as sent: path and query.
+    pub(crate) path: String,
+    /// Its `Content-Length`, 0 when absent.
+    pub(crate) length: u64,
+}
+
+impl RequestHead {
+    /// Reads a request head; `None` when the client closed before sending a whole one.
+    pub(crate) fn read(reader: &mut impl std::io::BufRead) -> std::io::Result<Option<RequestHead>> {
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 {
+                return Ok(None);
+            }
+            if line == "\r\n" {
+                if lines.is_empty() {
+                    // A stray CRLF before the request line, which HTTP/1.1 lets a server skip.
+                    continue;
+                }
+                break;
+            }
+            lines.push(line);
+        }
+        let mut parts = lines.first().map_or("", String::as_str).split_whitespace();
+        let (method, path) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
+        let length = lines
+            .iter()
+            .find_map(|h| {
+                let (k, v) = h.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        Ok(Some(RequestHead {
+            lines,
+            method,
+            path,
+            length,
+        }))
+    }
+
+    /// Sends this request to `upstream` with `request_line` in place of its own (the same, or
+    /// rewritten), its headers with `Connection: close`, and `body`; returns the connection its
+    /// answer comes back on.
+    pub(crate) fn forward(
+        &self,
+        upstream: SocketAddr,
+        request_line: &str,
+        body: &mut impl std::io::Read,
+    ) -> std::io::Result<TcpStream> {
+        let mut up = TcpStream::connect(upstream)?;
+        let mut out = request_line.to_string();
+        for h in self.lines.iter().skip(1) {
+            if !h.to_ascii_lowercase().starts_with("connection:") {
+                out += h;
+            }
+        }
+        out += "Connection: close\r\n\r\n";
+        up.write_all(out.as_bytes())?;
+        std::io::copy(body, &mut up)?;
+        Ok(up)
     }
 }
 
@@ -317,33 +411,12 @@ fn proxy_one(
     faults: &std::sync::Mutex<Vec<Fault>>,
     injected: &std::sync::atomic::AtomicUsize,
 ) -> std::io::Result<()> {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::{BufReader, Read};
     let mut reader = BufReader::new(client.try_clone()?);
-    let mut head = Vec::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let end = line == "\r\n";
-        head.push(line);
-        if end {
-            break;
-        }
-    }
-    let mut parts = head[0].split_whitespace();
-    let (method, path) = (
-        parts.next().unwrap_or("").to_string(),
-        parts.next().unwrap_or("").to_string(),
-    );
-    let length: u64 = head
-        .iter()
-        .find_map(|h| {
-            let (k, v) = h.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
+    let Some(head) = RequestHead::read(&mut reader)? else {
+        return Ok(());
+    };
+    let (method, path, length) = (&head.method, &head.path, head.length);
     let fault = {
         let mut faults = faults.lock().expect("not poisoned");
         faults
@@ -356,11 +429,11 @@ fn proxy_one(
                 f.clone()
             })
     };
-    let mut request_line = head[0].clone();
+    let mut request_line = head.lines[0].clone();
     if fault.as_ref().is_some_and(|f| f.drop_query) {
         injected.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let bare = path.split('?').next().unwrap_or(&path).to_string();
-        request_line = request_line.replacen(&path, &bare, 1);
+        let bare = path.split('?').next().unwrap_or(path).to_string();
+        request_line = request_line.replacen(path, &bare, 1);
     } else if let Some(f) = fault {
         injected.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         std::io::copy(&mut (&mut reader).take(length), &mut std::io::sink())?;
@@ -375,16 +448,7 @@ fn proxy_one(
         client.write_all(resp.as_bytes())?;
         return Ok(());
     }
-    let mut up = TcpStream::connect(upstream)?;
-    let mut out = request_line;
-    for h in &head[1..] {
-        if !h.to_ascii_lowercase().starts_with("connection:") && h != "\r\n" {
-            out += h;
-        }
-    }
-    out += "Connection: close\r\n\r\n";
-    up.write_all(out.as_bytes())?;
-    std::io::copy(&mut (&mut reader).take(length), &mut up)?;
+    let mut up = head.forward(upstream, &request_line, &mut (&mut reader).take(length))?;
     std::io::copy(&mut up, &mut client)?;
     Ok(())
 }

@@ -240,6 +240,8 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
         "--plain-http",
     ])))?;
 
+    let referrers = referrers_rows(oci, work, &a, &b, &a.image("oci-0:1"))?;
+
     let mib = |m: &Measured| m.max_rss_kib as f64 / 1024.0;
     let floor = median(&t_curl);
     let gib = total as f64 / (1u64 << 30) as f64;
@@ -267,7 +269,7 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
          (The first oci copy into a fresh repository uploaded {} blobs, {} bytes.)\n\n\
          | copy one {BIG_MIB} MiB layer, registry to registry | time | peak RSS |\n|---|---|---|\n\
          | oci copy | {:.2} s | {:.1} MiB |\n| skopeo copy | {:.2} s | {:.1} MiB |\n\n\
-         Peak RSS is the tool's own (wait4 ru_maxrss); the registries are separate processes.\n",
+         Peak RSS is the tool's own (wait4 ru_maxrss); the registries are separate processes.\n\n{referrers}",
         row("curl floor (parallel PUTs)", floor),
         row("oci push", median(&t_oci)),
         row("skopeo copy", median(&t_skopeo)),
@@ -289,6 +291,75 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
     );
     eprintln!("{md}");
     record_benchmark("registry", &md)
+}
+
+/// Copies of an image carrying ten referrers (`oci attach`, the fallback tag schema of
+/// distribution 2.8) against the same copies with `--no-referrers`: the 1 GiB image above, and a
+/// 1 MiB one, where the referrers' requests weigh most.
+fn referrers_rows(
+    oci: &Path,
+    work: &Path,
+    a: &Registry,
+    b: &Registry,
+    big: &str,
+) -> Result<String> {
+    const REFERRERS: usize = 10;
+    let small_layout = work.join("small");
+    build_layer(oci, work, &small_layout, "small", 1, None)?;
+    let small = a.image("small:1");
+    util::run(Command::new(oci).args([
+        "push",
+        &format!("oci:{}:small", small_layout.display()),
+        &small,
+        "--plain-http",
+        "--quiet",
+    ]))?;
+    let mut rows = String::new();
+    for (what, image) in [("1 GiB image", big), ("1 MiB image", small.as_str())] {
+        for i in 0..REFERRERS {
+            let file = work.join(format!("referrer-{i}.json"));
+            std::fs::write(&file, format!("{{\"referrer\":{i}}}"))?;
+            util::run(quiet(Command::new(oci).args([
+                "attach",
+                image,
+                "--artifact-type",
+                &format!("application/vnd.fleet.bench{i}+json"),
+                "--file",
+                file.to_str().context("a UTF-8 temporary path")?,
+                "--plain-http",
+            ])))?;
+        }
+        let (mut carried, mut left) = (vec![], vec![]);
+        let tag = what.split_whitespace().nth(1).unwrap_or("x").to_lowercase();
+        for n in 0..RUNS {
+            left.push(
+                measure(quiet(Command::new(oci).args([
+                    "copy",
+                    image,
+                    &b.image(&format!("norefs-{tag}-{n}:1")),
+                    "--plain-http",
+                    "--no-referrers",
+                ])))?
+                .seconds,
+            );
+            carried.push(
+                measure(quiet(Command::new(oci).args([
+                    "copy",
+                    image,
+                    &b.image(&format!("refs-{tag}-{n}:1")),
+                    "--plain-http",
+                ])))?
+                .seconds,
+            );
+        }
+        let (c, l) = (median(&carried), median(&left));
+        rows += &format!("| {what} | {c:.3} s | {l:.3} s | {:.2}x |\n", c / l);
+    }
+    Ok(format!(
+        "| copy with {REFERRERS} referrers (fallback tag) | carried (default) | `--no-referrers` | ratio |\n|---|---|---|---|\n{rows}\n\
+         Each referrer is an `oci attach` of a small JSON file; median of {RUNS} copies each way, alternating, each into a fresh \
+         repository of the second registry.\n"
+    ))
 }
 
 /// One `oci build` of a folder holding `mib` MiB from /dev/urandom, optionally on a base image.
