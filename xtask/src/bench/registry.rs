@@ -319,7 +319,7 @@ fn referrers_rows(
         for i in 0..REFERRERS {
             let file = work.join(format!("referrer-{i}.json"));
             std::fs::write(&file, format!("{{\"referrer\":{i}}}"))?;
-            util::run(quiet(Command::new(oci).args([
+            util::run(Command::new(oci).stdout(Stdio::null()).args([
                 "attach",
                 image,
                 "--artifact-type",
@@ -327,7 +327,7 @@ fn referrers_rows(
                 "--file",
                 file.to_str().context("a UTF-8 temporary path")?,
                 "--plain-http",
-            ])))?;
+            ]))?;
         }
         let (mut carried, mut left) = (vec![], vec![]);
         let tag = what.split_whitespace().nth(1).unwrap_or("x").to_lowercase();
