@@ -3,7 +3,9 @@
 //! for each part, and each part alone changes its state.
 use crate::commit::Committer;
 use crate::error::CoordinatorError;
-use crate::live::{Beats, Credentials, FleetView, Pulls, Sessions, Tickets, Traffic, Uploads};
+use crate::live::{
+    Beats, Credentials, FleetView, JoinLimits, Pulls, Sessions, Tickets, Traffic, Uploads,
+};
 use crate::metrics::Recorder;
 use crate::store::{
     self, Backend, KEEP_FINAL_RUNS, PostgresBackend, RedbBackend, Store, StoreError, StoreResult,
@@ -70,6 +72,7 @@ pub struct Coordinator {
     fleet: FleetView,
     traffic: Traffic,
     pulls: Pulls,
+    joins: JoinLimits,
     /// The events the metrics count.
     recorder: Recorder,
 }
@@ -120,6 +123,7 @@ impl Coordinator {
             fleet: FleetView::default(),
             traffic: Traffic::default(),
             pulls: Pulls::default(),
+            joins: JoinLimits::default(),
             recorder,
         })
     }
@@ -183,6 +187,10 @@ impl Coordinator {
 
     pub(crate) fn fleet(&self) -> &FleetView {
         &self.fleet
+    }
+
+    pub(crate) fn joins(&self) -> &JoinLimits {
+        &self.joins
     }
 
     pub(crate) fn traffic(&self) -> &Traffic {

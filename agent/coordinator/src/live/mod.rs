@@ -1,11 +1,12 @@
 //! What a serving coordinator holds only in memory, each part owned by one type that alone
 //! changes it: the sessions held here, heartbeats not written yet, registry credentials until
 //! their node takes the run, artifact tickets, collects under way, the fleet's coordinators as
-//! last read, and the content bytes moved. The rest of the coordinator asks them.
+//! last read, the content bytes moved, and the failed joins by source. The rest of the coordinator asks them.
 mod beats;
 mod credentials;
 mod fleet;
 mod guarded;
+mod joins;
 mod pulls;
 mod sessions;
 mod tickets;
@@ -15,6 +16,7 @@ mod uploads;
 pub(crate) use beats::{Beats, beat_now};
 pub(crate) use credentials::Credentials;
 pub(crate) use fleet::FleetView;
+pub(crate) use joins::JoinLimits;
 pub(crate) use pulls::Pulls;
 pub(crate) use sessions::{NodeCall, SessionHandle, Sessions};
 pub use tickets::TicketRefusal;

@@ -91,7 +91,10 @@ impl Connections {
         while !self.tasks.is_empty() {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
-                Some(_) = self.tasks.join_next() => ended += 1,
+                Some(task) = self.tasks.join_next() => {
+                    note_panic(task);
+                    ended += 1;
+                }
             }
         }
         let cut = self.tasks.len();
@@ -99,10 +102,29 @@ impl Connections {
         Drained { open, ended, cut }
     }
 
-    /// Forgets the connections that ended.
+    /// Forgets the connections that ended, logging one that panicked.
     fn reap(&mut self) {
-        while self.tasks.try_join_next().is_some() {}
+        while let Some(task) = self.tasks.try_join_next() {
+            note_panic(task);
+        }
     }
+}
+
+/// A connection's task that panicked took only its own connection down: say so, with the panic.
+fn note_panic(ended: Result<(), tokio::task::JoinError>) {
+    let Err(e) = ended else { return };
+    if !e.is_panic() {
+        return;
+    }
+    let payload = e.into_panic();
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    tracing::error!(
+        "a connection's task panicked ({what}): that connection is closed, every other one is served on; report this as a bug"
+    );
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub(super) async fn handle_tls(
     config: &ServeConfig,
     tls: tokio_rustls::TlsAcceptor,
     stream: TcpStream,
+    source: std::net::SocketAddr,
     stopping: Stopping,
 ) -> Result<(), Dropped> {
     // The handshake and the first read in an allocation of their own, freed once they are done:
@@ -42,7 +43,13 @@ pub(super) async fn handle_tls(
     // and the rest for one transfer, so only the session's future is held in place and each
     // other one gets an allocation of its own while it lasts.
     match first {
-        Up::Join { token, .. } => Box::pin(join(coordinator, config, stream, &cert, &token)).await,
+        Up::Join { token, .. } => {
+            let joined = Box::pin(join(coordinator, config, stream, &cert, &token)).await;
+            if let Err(Dropped::NotAllowed(_)) = &joined {
+                coordinator.joins().failed(source.ip());
+            }
+            joined
+        }
         Up::Hello { node_id } => {
             link::session(coordinator, config, stream, cert, node_id, stopping).await
         }
@@ -89,6 +96,8 @@ async fn join(
     cert: &CertInfo,
     token: &Secret,
 ) -> Result<(), Dropped> {
+    #[cfg(debug_assertions)]
+    panic_when_asked(token);
     let key = pin::key_text(&cert.key);
     let id = node_id(&cert.key);
     let now = now_ms();
@@ -107,6 +116,15 @@ async fn join(
         tracing::info!(node_id = %node.id, "answered a join again for the same key (its answer was lost)");
     }
     Ok(protocol::write_msg(&mut stream, &Down::Joined { node_id: node.id }).await?)
+}
+
+/// A test build's hook: a join with the token in `FLEET_TEST_PANIC_ON_TOKEN` panics in its task,
+/// so a test proves a panic takes down one connection, not the coordinator.
+#[cfg(debug_assertions)]
+fn panic_when_asked(token: &Secret) {
+    if std::env::var("FLEET_TEST_PANIC_ON_TOKEN").is_ok_and(|t| t == token.0) {
+        panic!("the test hook FLEET_TEST_PANIC_ON_TOKEN asked for a panic in a join");
+    }
 }
 
 /// A peer's command for a node whose session this coordinator holds.

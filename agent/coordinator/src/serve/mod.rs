@@ -84,6 +84,11 @@ pub async fn serve(
                 }
             },
         };
+        // A source past its allowance of failed joins is closed before any TLS work.
+        if !coordinator.joins().admits(peer.ip()) {
+            drop(stream);
+            continue;
+        }
         let (coordinator, config, tls) = (coordinator.clone(), config.clone(), tls.clone());
         let stopping = stopping.clone();
         connections.spawn(permit, move || async move {
@@ -92,7 +97,8 @@ pub async fn serve(
             let peeked = stream.peek(&mut first);
             match tokio::time::timeout(first::FIRST_MESSAGE_TIMEOUT, peeked).await {
                 Ok(Ok(1)) if first[0] == TLS_HANDSHAKE => {
-                    let handled = first::handle_tls(&coordinator, &config, tls, stream, stopping);
+                    let handled =
+                        first::handle_tls(&coordinator, &config, tls, stream, peer, stopping);
                     if let Err(reason) = handled.await {
                         tracing::info!(%peer, "closed a connection without answering: {reason}");
                     }

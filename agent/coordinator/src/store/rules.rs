@@ -116,6 +116,17 @@ impl Store {
         now_ms: u64,
         lease_until_ms: u64,
     ) -> StoreResult<Option<Redeemed>> {
+        // A wrong token costs a read, never a write: a flood of them commits nothing.
+        let usable = self.read(|tx| {
+            Ok(tx.token(hash)?.is_some_and(|token| {
+                now_ms < token.expires_at_ms
+                    && token.bootstrap_failure.is_none()
+                    && token.spent_by.as_deref().is_none_or(|s| s == key)
+            }))
+        })?;
+        if !usable {
+            return Ok(None);
+        }
         self.write(|tx| {
             let Some(mut token) = tx.token(hash)? else {
                 return Ok(None);
