@@ -218,7 +218,33 @@ impl Machine {
         std::fs::write(instance.join("user-data.txt.i"), user_data).unwrap();
         std::fs::write(instance.join("cloud-config.txt"), user_data).unwrap();
         std::fs::write(instance.join("scripts/runcmd"), &script).unwrap();
+        let user_data_file = self.path("tmp/user-data");
+        std::fs::write(&user_data_file, user_data).unwrap();
+        self.cloud_init_cache(&[
+            "store",
+            self.root.to_str().unwrap(),
+            user_data_file.to_str().unwrap(),
+        ]);
+        std::fs::remove_file(user_data_file).unwrap();
         script
+    }
+
+    /// cloud-init's datasource cache, by Debian's cloud-init itself
+    /// (tests/fixtures/cloud_init_cache.py): `store` on the first boot, `boot` at every boot after.
+    fn cloud_init_cache(&self, args: &[&str]) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/cloud_init_cache.py");
+        let out = testkit::output(
+            Command::new("/usr/bin/python3")
+                .args(["-W", "ignore"])
+                .arg(script)
+                .args(args)
+                .env("PYTHONPATH", cloud_init()),
+        );
+        assert!(
+            out.status.success(),
+            "cloud-init's cache {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Runs a shell command inside the machine: its namespace, its root, a plain environment.
@@ -459,9 +485,17 @@ fn fresh_machine_joins_runs_and_resumes(index: u8, fetcher: Fetcher) {
     assert_eq!(run_and_collect(&coord, dir.path(), "first"), "ran first\n");
     assert_no_secret_left(&machine, &token);
 
-    // A reboot: nothing of the machine survives but its disk; the unit starts the agent again.
+    // A reboot: nothing of the machine survives but its disk; cloud-init restores its cache and
+    // writes the user data's copies from it again (it still loads: the token was blanked in
+    // place); the unit starts the agent again.
     machine.power_off();
     machine.mount_run();
+    machine.cloud_init_cache(&["boot", machine.root.to_str().unwrap()]);
+    let restored =
+        std::fs::read_to_string(machine.path("var/lib/cloud/instances/iid-1/user-data.txt"))
+            .unwrap();
+    assert!(restored.starts_with("#cloud-config"), "{restored}");
+    assert!(!restored.contains(&token), "the cache still held the token");
     let out = machine.exec("systemctl start fleet-agent.service");
     assert!(out.status.success(), "{out:?}");
     assert!(

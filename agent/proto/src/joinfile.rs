@@ -144,13 +144,22 @@ impl JoinFile {
     }
 }
 
-/// Removes the join file and cloud-init's copies of the user data that carried it; returns what went.
+/// Removes cloud-init's copies of the user data that carried the join file, blanks the token
+/// inside what cloud-init must keep (its datasource cache `obj.pkl`, which it restores and
+/// writes the copies from at every boot), then removes the join file, last, so a crash midway
+/// is finished at the next start; returns what it removed or rewrote.
 pub fn remove_secrets(join_file: &Path, cloud_root: &Path) -> io::Result<Vec<PathBuf>> {
     let mut folders = vec![cloud_root.join("instance")];
     if let Ok(entries) = std::fs::read_dir(cloud_root.join("instances")) {
         folders.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
     }
-    let mut candidates = vec![join_file.to_path_buf()];
+    let mut done = Vec::new();
+    if let Some(token) = token_in(join_file) {
+        for folder in &folders {
+            done.extend(blank_token(folder, &token)?);
+        }
+    }
+    let mut candidates = Vec::new();
     for folder in folders {
         for name in [
             "user-data.txt",
@@ -161,7 +170,7 @@ pub fn remove_secrets(join_file: &Path, cloud_root: &Path) -> io::Result<Vec<Pat
             candidates.push(folder.join(name));
         }
     }
-    let mut removed = Vec::new();
+    candidates.push(join_file.to_path_buf());
     for path in candidates {
         let result = match std::fs::symlink_metadata(&path) {
             Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
@@ -170,17 +179,104 @@ pub fn remove_secrets(join_file: &Path, cloud_root: &Path) -> io::Result<Vec<Pat
             Err(e) => Err(e),
         };
         match result {
-            Ok(()) => removed.push(path),
+            Ok(()) => done.push(path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
         }
     }
-    Ok(removed)
+    Ok(done)
+}
+
+/// The token of a join file still there, read leniently (only its `token` field matters here).
+fn token_in(join_file: &Path) -> Option<String> {
+    let bytes = std::fs::read(join_file).ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let token = value.get("token")?.as_str()?;
+    token_is_well_formed(token).then(|| token.to_string())
+}
+
+/// The largest file of an instance folder searched for the token (obj.pkl is a few KiB).
+const LARGEST_SEARCHED: u64 = 64 << 20;
+
+/// Overwrites every copy of `token` in the regular files directly in `folder` with `x`s of the
+/// same length, in a file that replaces the old one by rename with its mode: a pickle's lengths
+/// stay right, so cloud-init still loads its cache, and what it writes from it is harmless.
+fn blank_token(folder: &Path, token: &str) -> io::Result<Vec<PathBuf>> {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return Ok(Vec::new());
+    };
+    let mut rewritten = Vec::new();
+    for entry in entries.filter_map(|e| e.ok()) {
+        let path = entry.path();
+        let meta = std::fs::symlink_metadata(&path)?;
+        if !meta.is_file() || meta.len() > LARGEST_SEARCHED {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        let needle = token.as_bytes();
+        if !bytes.windows(needle.len()).any(|w| w == needle) {
+            continue;
+        }
+        let mut blanked = Vec::with_capacity(bytes.len());
+        let mut rest = &bytes[..];
+        while let Some(at) = rest.windows(needle.len()).position(|w| w == needle) {
+            blanked.extend_from_slice(&rest[..at]);
+            blanked.extend(std::iter::repeat_n(b'x', needle.len()));
+            rest = &rest[at + needle.len()..];
+        }
+        blanked.extend_from_slice(rest);
+        let temp = folder.join(format!(".fleet-agent-blank-{}", std::process::id()));
+        let written = (|| {
+            let mut file = std::fs::File::create(&temp)?;
+            std::io::Write::write_all(&mut file, &blanked)?;
+            file.set_permissions(std::fs::Permissions::from_mode(meta.permissions().mode()))?;
+            file.sync_all()?;
+            std::fs::rename(&temp, &path)?;
+            std::fs::File::open(folder)?.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
+        }
+        rewritten.push(path);
+    }
+    Ok(rewritten)
 }
 
 #[cfg(test)]
 mod tests {
     use super::token_is_well_formed;
+
+    #[test]
+    fn a_token_is_blanked_in_place_and_the_file_keeps_its_length_and_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let token = format!("fleet1_{}", "B".repeat(43));
+        let cache = dir.path().join("obj.pkl");
+        let before = [
+            b"\x80\x04X\x32\x00\x00\x00".as_slice(),
+            token.as_bytes(),
+            b"..",
+            token.as_bytes(),
+        ]
+        .concat();
+        std::fs::write(&cache, &before).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o400)).unwrap();
+        std::fs::write(dir.path().join("other"), b"nothing here").unwrap();
+        let rewritten = super::blank_token(dir.path(), &token).unwrap();
+        assert_eq!(rewritten, [cache.clone()]);
+        let after = std::fs::read(&cache).unwrap();
+        assert_eq!(after.len(), before.len());
+        assert!(!after.windows(token.len()).any(|w| w == token.as_bytes()));
+        assert_eq!(&after[..7], &before[..7], "what is around the token stays");
+        let mode = std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o400);
+        assert_eq!(
+            std::fs::read(dir.path().join("other")).unwrap(),
+            b"nothing here"
+        );
+    }
 
     #[test]
     fn token_shape() {
