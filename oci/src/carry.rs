@@ -10,6 +10,7 @@ use crate::push::{self, BlobOptions, Moved};
 use crate::referrers::{self, Found, Link, Referrer};
 use crate::remote::manifests::Manifest;
 use crate::spec::{self, Descriptor, Index};
+use futures_util::StreamExt;
 use std::collections::BTreeMap;
 
 /// How often the fallback tag's index is written again when a concurrent writer replaced it.
@@ -51,8 +52,14 @@ pub async fn carry(
     };
     let mut blobs = BTreeMap::new();
     let mut to_put = Vec::new();
-    for r in &source.referrers {
-        if has(dst, r).await? {
+    let present: Vec<Result<bool, CopyError>> =
+        futures_util::stream::iter(0..source.referrers.len())
+            .map(|i| has(dst, &source.referrers[i]))
+            .buffered(referrers::CONCURRENCY)
+            .collect()
+            .await;
+    for (r, present) in source.referrers.iter().zip(present) {
+        if present? {
             carried.present += 1;
             continue;
         }
@@ -72,22 +79,43 @@ pub async fn carry(
             carried.bytes_uploaded += d.size;
         }
     }
-    // Parents before what refers to them; the fallback lists written once each, at the end.
+    // Parents before what refers to them (a level at a time, each level at once); the fallback
+    // lists read, and written where they lack an entry, once each at the end.
     let mut listings: BTreeMap<Digest, Vec<Descriptor>> = BTreeMap::new();
-    for r in to_put {
-        put(dst, r).await?;
-        carried.pushed += 1;
-        if r.link == Link::Subject {
-            listings.entry(r.subject).or_default().push(r.descriptor());
+    // A layout's index.json is read and replaced by each put: one at a time there.
+    let at_once = match dst {
+        Endpoint::Layout { .. } => 1,
+        Endpoint::Registry { .. } => referrers::CONCURRENCY,
+    };
+    for depth in 0..referrers::MAX_DEPTH {
+        let level: Vec<&Referrer> = to_put
+            .iter()
+            .copied()
+            .filter(|r| r.depth == depth)
+            .collect();
+        let written: Vec<Result<Digest, CopyError>> = futures_util::stream::iter(0..level.len())
+            .map(|i| put(dst, level[i]))
+            .buffered(at_once)
+            .collect()
+            .await;
+        for written in written {
+            written?;
+            carried.pushed += 1;
         }
+    }
+    // Every one listed, also one the target stored without listing it.
+    for r in source.referrers.iter().filter(|r| r.link == Link::Subject) {
+        listings.entry(r.subject).or_default().push(r.descriptor());
     }
     if carried.target_form == "fallback-tag" {
-        for (subject, entries) in &listings {
-            add_to_fallback(dst, subject, entries).await?;
-        }
+        let added: Vec<Result<(), CopyError>> = futures_util::stream::iter(listings.into_iter())
+            .map(|(subject, entries)| async move { add_to_fallback(dst, &subject, &entries).await })
+            .buffered(referrers::CONCURRENCY)
+            .collect()
+            .await;
+        added.into_iter().collect::<Result<(), CopyError>>()?;
     }
-    let target = referrers::discover(dst, roots, artifact_type).await?;
-    let missing = referrers::missing(&source, &target);
+    let missing = lacking(dst, &source).await?;
     if !missing.is_empty() {
         return Err(CopyError::ReferrersMissing {
             target: dst.name(),
@@ -169,6 +197,49 @@ pub async fn publish(
     Ok(written)
 }
 
+/// What of `source` the target lacks, asked of it directly: each subject's listing there, each
+/// referrer's manifest, each cosign tag's layers (one request each, all `CONCURRENCY` at a time).
+async fn lacking(dst: &Endpoint, source: &Found) -> Result<Vec<String>, CopyError> {
+    let by_subject: Vec<&Referrer> = (source.referrers.iter())
+        .filter(|r| r.link == Link::Subject)
+        .collect();
+    let subjects: std::collections::BTreeSet<Digest> =
+        by_subject.iter().map(|r| r.subject).collect();
+    let api = match subjects.first() {
+        Some(first) => referrers::has_api(dst, first).await?,
+        None => false,
+    };
+    let listings: Vec<Result<_, CopyError>> = futures_util::stream::iter(subjects.iter().copied())
+        .map(|s| async move { Ok((s, referrers::listed(dst, &s, api).await?)) })
+        .buffered(referrers::CONCURRENCY)
+        .collect()
+        .await;
+    let listings: BTreeMap<Digest, std::collections::BTreeSet<Digest>> =
+        listings.into_iter().collect::<Result<_, _>>()?;
+    let stored: Vec<Result<bool, CopyError>> =
+        futures_util::stream::iter(by_subject.iter().map(|r| r.manifest.digest))
+            .map(|digest| async move { has_manifest(dst, &digest).await })
+            .buffered(referrers::CONCURRENCY)
+            .collect()
+            .await;
+    let mut missing = Vec::new();
+    for (r, stored) in by_subject.iter().zip(stored) {
+        let listed = listings
+            .get(&r.subject)
+            .is_some_and(|l| l.contains(&r.manifest.digest));
+        if !stored? || !listed {
+            missing.push(format!("{} ({})", r.manifest.digest, r.artifact_type));
+        }
+    }
+    for r in &source.referrers {
+        if let Link::Tag(tag) = &r.link {
+            let ours = tagged(dst, tag).await?;
+            missing.extend(referrers::tag_lacks(tag, &r.manifest, ours.as_ref()));
+        }
+    }
+    Ok(missing)
+}
+
 /// Lists what refers to `roots` on `ep` (for `oci referrers`).
 pub async fn list(
     ep: &Endpoint,
@@ -206,6 +277,7 @@ async fn has(dst: &Endpoint, r: &Referrer) -> Result<bool, CopyError> {
     }
 }
 
+/// Whether the target stores the manifest (in a layout: as a blob listed untagged).
 async fn has_manifest(dst: &Endpoint, digest: &Digest) -> Result<bool, CopyError> {
     match dst {
         Endpoint::Registry { client, reference } => Ok(client

@@ -7,6 +7,7 @@ use crate::digest::Digest;
 use crate::layout::Layout;
 use crate::remote::manifests::Manifest;
 use crate::spec::{self, Descriptor, Index};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const MAX_DEPTH: usize = 4;
 /// The most referrers one image may carry through a walk.
 pub const MAX_REFERRERS: usize = 512;
+/// Requests to one registry under way at once in a walk.
+pub const CONCURRENCY: usize = 16;
 /// cosign's tag suffixes: signatures, attestations, SBOMs.
 pub const COSIGN_SUFFIXES: [&str; 3] = ["sig", "att", "sbom"];
 
@@ -117,10 +120,24 @@ pub async fn discover(
     let mut found = Found::default();
     let mut seen: BTreeSet<(Link, Digest)> = BTreeSet::new();
     let mut level: Vec<Digest> = roots.to_vec();
+    // Whether the registry offers the referrers API is asked once, not for every subject.
+    let api = match roots.first() {
+        Some(first) => has_api(ep, first).await?,
+        None => false,
+    };
     for depth in 0..MAX_DEPTH {
         let mut next = Vec::new();
-        for subject in &level {
-            for r in direct(ep, subject, depth, &mut found.skipped).await? {
+        // The subjects of one level are asked about at once; their answers are taken in order.
+        let answers: Vec<Result<Direct, CopyError>> =
+            futures_util::stream::iter(level.iter().copied())
+                .map(|subject| async move { direct(ep, &subject, depth, api).await })
+                .buffered(CONCURRENCY)
+                .collect()
+                .await;
+        for answer in answers {
+            let (referrers, skipped) = answer?;
+            found.skipped.extend(skipped);
+            for r in referrers {
                 if depth == 0 && artifact_type.is_some_and(|t| t != r.artifact_type) {
                     continue;
                 }
@@ -145,32 +162,94 @@ pub async fn discover(
     Ok(found)
 }
 
-/// What refers to `subject` directly.
+/// Whether `ep` is a registry that offers the referrers API (asked about `digest`).
+pub async fn has_api(ep: &Endpoint, digest: &Digest) -> Result<bool, CopyError> {
+    Ok(match ep {
+        Endpoint::Registry { client, reference } => client
+            .get_referrers(&reference.repo, digest)
+            .await?
+            .is_some(),
+        Endpoint::Layout { .. } => false,
+    })
+}
+
+/// The digests `ep` lists as referring to `subject`: the API's or the fallback tag's listing of
+/// a registry, or a layout's untagged manifests whose subject it is.
+pub async fn listed(
+    ep: &Endpoint,
+    subject: &Digest,
+    api: bool,
+) -> Result<BTreeSet<Digest>, CopyError> {
+    match ep {
+        Endpoint::Registry { client, reference } if api => Ok(client
+            .get_referrers(&reference.repo, subject)
+            .await?
+            .map(|index| index.manifests.iter().map(|d| d.digest).collect())
+            .unwrap_or_default()),
+        Endpoint::Registry { .. } => Ok(fallback_entries(ep, subject, &mut Vec::new())
+            .await?
+            .iter()
+            .map(|d| d.digest)
+            .collect()),
+        Endpoint::Layout { .. } => Ok(direct(ep, subject, 0, false)
+            .await?
+            .0
+            .into_iter()
+            .filter(|r| r.link == Link::Subject)
+            .map(|r| r.manifest.digest)
+            .collect()),
+    }
+}
+
+/// What refers to one subject directly, and the lines for what was listed but not taken.
+type Direct = (Vec<Referrer>, Vec<String>);
+
+/// What refers to `subject` directly: the listing (the API's where `api`, else the fallback tag's)
+/// and cosign's tags asked at once, then the listed manifests read `CONCURRENCY` at a time.
 async fn direct(
     ep: &Endpoint,
     subject: &Digest,
     depth: usize,
-    skipped: &mut Vec<String>,
-) -> Result<Vec<Referrer>, CopyError> {
+    api: bool,
+) -> Result<Direct, CopyError> {
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     match ep {
         Endpoint::Registry { client, reference } => {
             let repo = &reference.repo;
-            let listed = match client.get_referrers(repo, subject).await? {
-                Some(index) => index.manifests,
-                None => fallback_entries(ep, subject, skipped).await?,
+            let listing = async {
+                let mut skipped = Vec::new();
+                let listed = if api {
+                    (client.get_referrers(repo, subject).await?)
+                        .map(|index| index.manifests)
+                        .unwrap_or_default()
+                } else {
+                    fallback_entries(ep, subject, &mut skipped).await?
+                };
+                Ok::<_, CopyError>((listed, skipped))
             };
-            for d in listed {
-                let m = client.get_manifest(repo, &d.digest.to_string()).await?;
-                if let Some(r) = by_subject(ep, subject, m, depth, skipped) {
+            let tags = futures_util::future::try_join_all(COSIGN_SUFFIXES.iter().map(
+                |suffix| async move {
+                    let tag = cosign_tag(subject, suffix);
+                    let m = client.get_manifest_if_any(repo, &tag).await?;
+                    Ok::<_, CopyError>(m.map(|m| (tag, m)))
+                },
+            ));
+            let ((listed, listing_skipped), tagged) =
+                futures_util::future::try_join(listing, tags).await?;
+            skipped.extend(listing_skipped);
+            let manifests: Vec<_> = futures_util::stream::iter(listed)
+                .map(|d| async move { client.get_manifest(repo, &d.digest.to_string()).await })
+                .buffered(CONCURRENCY)
+                .collect()
+                .await;
+            for m in manifests {
+                if let Some(r) = by_subject(ep, subject, m?, depth, &mut skipped) {
                     out.push(r);
                 }
             }
-            for suffix in COSIGN_SUFFIXES {
-                let tag = cosign_tag(subject, suffix);
-                if let Some(m) = client.get_manifest_if_any(repo, &tag).await? {
-                    out.extend(by_tag(ep, subject, tag, m, depth, skipped));
-                }
+            for (tag, m) in tagged.into_iter().flatten() {
+                out.extend(by_tag(ep, subject, tag, m, depth, &mut skipped));
             }
         }
         Endpoint::Layout { layout, .. } => {
@@ -186,12 +265,12 @@ async fn direct(
                         let mut ignored = Vec::new();
                         out.extend(by_subject(ep, &subject, m, depth, &mut ignored));
                     }
-                    Some(tag) => out.extend(by_tag(ep, &subject, tag, m, depth, skipped)),
+                    Some(tag) => out.extend(by_tag(ep, &subject, tag, m, depth, &mut skipped)),
                 }
             }
         }
     }
-    Ok(out)
+    Ok((out, skipped))
 }
 
 /// The entries of the fallback tag's index, or none.
@@ -335,43 +414,18 @@ fn layout_entries(
     Ok(out)
 }
 
-/// What of `source` the target lacks: a referrer by subject missing, or a layer of a cosign tag
-/// (one signature) missing from the target's manifest under that tag.
-pub fn missing(source: &Found, target: &Found) -> Vec<String> {
-    let by_subject: BTreeSet<Digest> = target
-        .referrers
-        .iter()
-        .filter(|r| r.link == Link::Subject)
-        .map(|r| r.manifest.digest)
-        .collect();
-    let mut tag_layers: BTreeMap<&str, Vec<serde_json::Value>> = BTreeMap::new();
-    for r in &target.referrers {
-        if let Link::Tag(t) = &r.link {
-            tag_layers
-                .entry(t.as_str())
-                .or_default()
-                .extend(layers(&r.manifest));
-        }
-    }
-    let mut out = Vec::new();
-    for r in &source.referrers {
-        match &r.link {
-            Link::Subject if !by_subject.contains(&r.manifest.digest) => {
-                out.push(format!("{} ({})", r.manifest.digest, r.artifact_type));
-            }
-            Link::Subject => {}
-            Link::Tag(t) => {
-                let have = tag_layers.get(t.as_str());
-                for l in layers(&r.manifest) {
-                    if !have.is_some_and(|h| h.contains(&l)) {
-                        let digest = l.get("digest").and_then(|d| d.as_str()).unwrap_or("?");
-                        out.push(format!("layer {digest} under tag {t}"));
-                    }
-                }
-            }
-        }
-    }
-    out
+/// The layers of cosign tag manifest `theirs` that `ours` (the target's manifest under that tag,
+/// if any) lacks, one line each.
+pub fn tag_lacks(tag: &str, theirs: &Manifest, ours: Option<&Manifest>) -> Vec<String> {
+    let have = ours.map(layers).unwrap_or_default();
+    layers(theirs)
+        .into_iter()
+        .filter(|l| !have.contains(l))
+        .map(|l| {
+            let digest = l.get("digest").and_then(|d| d.as_str()).unwrap_or("?");
+            format!("layer {digest} under tag {tag}")
+        })
+        .collect()
 }
 
 /// A manifest's layer descriptors as they are written: two signatures over one payload share a
