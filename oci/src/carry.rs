@@ -108,7 +108,7 @@ pub async fn carry(
         listings.entry(r.subject).or_default().push(r.descriptor());
     }
     if carried.target_form == "fallback-tag" {
-        let added: Vec<Result<(), CopyError>> = futures_util::stream::iter(listings.into_iter())
+        let added: Vec<Result<(), CopyError>> = futures_util::stream::iter(listings)
             .map(|(subject, entries)| async move { add_to_fallback(dst, &subject, &entries).await })
             .buffered(referrers::CONCURRENCY)
             .collect()
