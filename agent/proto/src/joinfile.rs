@@ -265,7 +265,7 @@ mod tests {
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o400)).unwrap();
         std::fs::write(dir.path().join("other"), b"nothing here").unwrap();
         let rewritten = super::blank_token(dir.path(), &token).unwrap();
-        assert_eq!(rewritten, [cache.clone()]);
+        assert_eq!(rewritten, std::slice::from_ref(&cache));
         let after = std::fs::read(&cache).unwrap();
         assert_eq!(after.len(), before.len());
         assert!(!after.windows(token.len()).any(|w| w == token.as_bytes()));
