@@ -28,6 +28,7 @@ pub fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// Resolves on SIGTERM or SIGINT.
 pub async fn stop_signal() {
     use tokio::signal::unix::{SignalKind, signal};
+    // Cannot fail: at start-up only, inside a runtime with signals enabled.
     let mut term = signal(SignalKind::terminate()).expect("can watch SIGTERM");
     tokio::select! {
         _ = term.recv() => {}

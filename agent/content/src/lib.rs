@@ -364,6 +364,7 @@ where
     let (mut hasher, held) = blocking({
         let partial = partial.clone();
         move || {
+            // Cannot fail: the partial path is built as a file inside the blob store's folder.
             std::fs::create_dir_all(partial.parent().expect("a folder"))?;
             match hash_prefix(&partial) {
                 Ok(prefix) => Ok(prefix),

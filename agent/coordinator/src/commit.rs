@@ -43,6 +43,7 @@ impl Committer {
         let writer = std::thread::Builder::new()
             .name("store-commit".into())
             .spawn(move || write_batches(&store, &inbox, &recorder))
+            // Cannot fail: at start-up only: a coordinator that cannot start a thread cannot serve at all.
             .expect("a thread for the store's commits");
         Committer {
             requests: Some(requests),

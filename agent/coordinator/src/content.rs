@@ -195,6 +195,7 @@ impl Coordinator {
 /// Where an upload of `size` bytes resumes: the hash of what an earlier try left and its
 /// length; a leftover longer than the upload is removed and it starts over.
 fn resume_point(partial: &std::path::Path, size: u64) -> std::io::Result<(Sha256, u64)> {
+    // Cannot fail: the partial path is built as a file inside the blob store's folder.
     std::fs::create_dir_all(partial.parent().expect("a folder"))?;
     match content::hash_prefix(partial) {
         Ok((_, held)) if held > size => {

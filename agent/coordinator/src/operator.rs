@@ -182,6 +182,7 @@ pub async fn listen(
                 Ok(request) => handle(coordinator, address, request).await,
                 Err(e) => Response::Error(format!("a malformed operator request: {e}")),
             };
+            // Cannot fail: answers are plain data with string keys, which always serialize.
             let mut out = serde_json::to_vec(&response).expect("responses serialize");
             out.push(b'\n');
             let _ = write.write_all(&out).await;
@@ -194,6 +195,7 @@ pub fn call(data: &Path, request: &Request) -> Option<std::io::Result<Response>>
     use std::io::{BufRead, Write};
     let stream = std::os::unix::net::UnixStream::connect(socket_path(data)).ok()?;
     let exchange = || {
+        // Cannot fail: requests are plain data with string keys, which always serialize.
         let mut line = serde_json::to_vec(request).expect("requests serialize");
         line.push(b'\n');
         (&stream).write_all(&line)?;

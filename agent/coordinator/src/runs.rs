@@ -195,6 +195,7 @@ fn random_id(prefix: &str) -> String {
 }
 
 fn new_run_id() -> RunId {
+    // Cannot fail: `r-` and 12 hex digits is always a valid run id.
     RunId::parse(&random_id("r")).expect("r-HEX is a run id")
 }
 
@@ -386,6 +387,7 @@ impl Coordinator {
                         Ok(()) => {
                             let (blob, here) = (self.blobs().path(&digest), here.clone());
                             off_thread(move || {
+                                // Cannot fail: a collected file's path is built inside the blob store's folder.
                                 let folder = here.parent().expect("a collected file has a folder");
                                 std::fs::create_dir_all(folder)
                                     .and_then(|()| std::fs::rename(blob, &here))

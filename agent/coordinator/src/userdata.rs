@@ -112,6 +112,7 @@ systemctl enable --now fleet-agent.service || fail "cannot start fleet-agent.ser
 
 /// Renders the user data; `join.bundle_sha256` must be set.
 pub fn render(join: &JoinFile, arch: &str) -> String {
+    // Cannot fail: a join file is strings and numbers, which always serialize.
     let json = serde_json::to_string_pretty(join).expect("join files serialize");
     let mut out = String::from("#cloud-config\nwrite_files:\n");
     write_file(&mut out, DEFAULT_PATH, "0600", &json);

@@ -92,6 +92,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         let (config, node_id) = (config.clone(), membership.node_id.clone());
         tokio::task::spawn_blocking(move || open_node(&config, &node_id))
             .await
+            // Cannot fail: the task returns its errors; it panics only on a bug, which should stop the agent.
             .expect("opening the node does not panic")?
     };
     let coordinators = Coordinators::new(membership.addresses());
@@ -114,6 +115,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         let node = node.clone();
         tokio::task::spawn_blocking(move || node.unlaunched())
             .await
+            // Cannot fail: the task returns its errors; it panics only on a bug, which should stop the agent.
             .expect("finding the unlaunched starts does not panic")?
     };
     for launch in launches {

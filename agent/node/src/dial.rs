@@ -34,19 +34,28 @@ impl Coordinators {
     }
 
     pub fn current(&self) -> String {
-        let known = self.0.lock().expect("coordinators");
+        let known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         known.addresses[known.current].clone()
     }
 
     /// Moves on to the next coordinator (the current one did not answer).
     pub fn advance(&self) {
-        let mut known = self.0.lock().expect("coordinators");
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         known.current = (known.current + 1) % known.addresses.len();
     }
 
     /// Every coordinator known, the current one first.
     pub fn all(&self) -> Vec<String> {
-        let known = self.0.lock().expect("coordinators");
+        let known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = known.addresses.len();
         (0..n)
             .map(|i| known.addresses[(known.current + i) % n].clone())
@@ -55,7 +64,10 @@ impl Coordinators {
 
     /// Adds the coordinators a session named that were not known yet; true when any was new.
     pub fn learn(&self, named: &[String]) -> bool {
-        let mut known = self.0.lock().expect("coordinators");
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let before = known.addresses.len();
         for address in named {
             if !known.addresses.contains(address) {

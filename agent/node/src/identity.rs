@@ -146,6 +146,7 @@ pub fn load_membership(dir: &Path) -> Result<Option<Membership>, IdentityError> 
 
 pub fn save_membership(dir: &Path, membership: &Membership) -> Result<(), IdentityError> {
     let path = dir.join(MEMBERSHIP_FILE);
+    // Cannot fail: a membership is plain data with string keys, which always serializes.
     let json = serde_json::to_vec_pretty(membership).expect("membership serializes");
     files::write_private(&path, &json).map_err(|cause| IdentityError::Write { path, cause })
 }

@@ -167,7 +167,10 @@ impl Node {
 
     /// [`Node::prune_content`] with [`CONTENT_GRACE`], at most once a minute.
     pub fn prune_content_when_due(&self) {
-        let mut at = self.pruned_at.lock().expect("prune time");
+        let mut at = self
+            .pruned_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if at.is_some_and(|t| t.elapsed() < PRUNE_EVERY) {
             return;
         }
@@ -180,11 +183,16 @@ impl Node {
     /// The checked local copy of `digest`, fetched from the coordinator when not held yet.
     fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
         // One fetch per digest at a time: fetches of one digest share its partial file.
-        let lock = (self.fetching.lock().expect("fetch locks"))
-            .entry(digest.hex().to_string())
-            .or_default()
-            .clone();
-        let _one = lock.lock().expect("a fetch lock");
+        let lock = (self
+            .fetching
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+        .entry(digest.hex().to_string())
+        .or_default()
+        .clone();
+        let _one = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let held = self.blobs.path(digest);
         if held.is_file() {
             // Used now: the prune's grace starts again.

@@ -352,6 +352,7 @@ impl Session<'_> {
             if working.tasks.len() >= MAX_WORKING {
                 return;
             }
+            // Cannot fail: the loop's condition checked the queue is not empty.
             let (op, generation, command) = working.deferred.pop_front().expect("a front");
             working.hold(&held);
             let node = self.node.clone();

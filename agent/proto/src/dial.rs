@@ -83,7 +83,11 @@ pub async fn dial(
             stream,
             cert_not_after,
         }),
-        Err(cause) => match seen.lock().expect("pin slot").take() {
+        Err(cause) => match seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
             Some(seen) => Err(DialError::PinMismatch {
                 address: address.to_string(),
                 seen: pin::key_text(&seen),

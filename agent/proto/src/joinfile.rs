@@ -140,6 +140,7 @@ impl JoinFile {
 
     /// The coordinator's key to pin, checked when [`JoinFile::read`] read the file.
     pub fn pin(&self) -> pin::PinnedKey {
+        // Cannot fail: `JoinFile::read` refused a file whose key does not parse.
         pin::PinnedKey::parse(&self.coordinator_key).expect("checked when read")
     }
 }

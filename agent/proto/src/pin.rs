@@ -42,6 +42,7 @@ impl PinnedKey {
         let raw = parse_key_text(text)
             .ok_or_else(|| format!("`{text}` is not ed25519:<base64 of 32 bytes>"))?;
         Ok(PinnedKey(
+            // Cannot fail: `parse_key_text` returns only 32-byte keys.
             raw.try_into().expect("parse_key_text returns 32 bytes"),
         ))
     }
@@ -110,6 +111,7 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// The server name the agent asks for; the verifier ignores it because the key is what is pinned.
 pub fn server_name() -> ServerName<'static> {
+    // Cannot fail: a constant that is a valid DNS name.
     ServerName::try_from("fleet-coordinator").expect("a valid DNS name")
 }
 
@@ -209,7 +211,10 @@ impl ServerCertVerifier for PinnedServer {
     ) -> Result<ServerCertVerified, rustls::Error> {
         let info = cert_info(end_entity)?;
         if info.key != self.pinned {
-            *self.seen.lock().expect("pin slot") = Some(info.key);
+            *self
+                .seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(info.key);
             return Err(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::ApplicationVerificationFailure,
             ));

@@ -306,6 +306,7 @@ pub async fn write_msg<W: AsyncWrite + Unpin, T: Serialize>(
     w: &mut W,
     msg: &T,
 ) -> Result<(), FrameError> {
+    // Cannot fail: protocol messages are plain data with string keys, which always serialize.
     let body = serde_json::to_vec(msg).expect("protocol messages serialize");
     if body.len() > MAX_FRAME {
         return Err(FrameError::TooLarge {

@@ -56,6 +56,7 @@ impl Connections {
                 self.max
             );
         }
+        // Cannot fail: this owner never calls `close` on its semaphore.
         (self.cap.clone().acquire_owned().await).expect("the cap's semaphore is never closed")
     }
 

@@ -290,6 +290,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             generation: self.generation,
             command: Command::Facts,
         };
+        // Cannot fail: protocol messages are plain data with string keys, which always serialize.
         let mut msg = serde_json::to_value(envelope).expect("protocol messages serialize");
         msg["command"] = raw;
         Ok(protocol::write_msg(&mut self.writer, &msg).await?)

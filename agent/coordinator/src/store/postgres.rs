@@ -231,7 +231,10 @@ impl PostgresBackend {
     /// An idle connection, a new one while fewer than [`POOL_SIZE`] are open, or the next one
     /// given back.
     fn take(&self) -> StoreResult<Conn> {
-        let mut pool = self.pool.lock().expect("pool lock");
+        let mut pool = self
+            .pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
             if let Some(conn) = pool.idle.pop() {
                 if !conn.client.is_closed() {
@@ -245,18 +248,27 @@ impl PostgresBackend {
                 drop(pool);
                 let dialed = self.dial();
                 if dialed.is_err() {
-                    self.pool.lock().expect("pool lock").open -= 1;
+                    self.pool
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .open -= 1;
                     self.freed.notify_one();
                 }
                 return dialed;
             }
-            pool = self.freed.wait(pool).expect("pool lock");
+            pool = self
+                .freed
+                .wait(pool)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
     /// Returns a connection to the pool; a closed one (the server went away) is dropped.
     fn give_back(&self, conn: Conn) {
-        let mut pool = self.pool.lock().expect("pool lock");
+        let mut pool = self
+            .pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if conn.client.is_closed() {
             pool.open -= 1;
         } else {
@@ -289,8 +301,18 @@ impl Drop for PostgresBackend {
         // A sync client closes on its own runtime, which cannot start inside an async context
         // (where the last owner of a serving coordinator's store may let go): close them on a
         // thread of their own.
-        let idle = std::mem::take(&mut self.pool.get_mut().expect("pool lock").idle);
-        let listener = self.listener.get_mut().expect("listener lock").take();
+        let idle = std::mem::take(
+            &mut self
+                .pool
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .idle,
+        );
+        let listener = self
+            .listener
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         let _ = std::thread::spawn(move || drop((idle, listener))).join();
     }
 }
@@ -357,6 +379,7 @@ fn roots_in(file: &str) -> Result<rustls::RootCertStore, String> {
 fn tls_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
     rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
+        // Cannot fail: the ring provider supports rustls' default protocol versions.
         .expect("ring supports the default protocol versions")
         .with_root_certificates(roots)
         .with_no_client_auth()
@@ -492,7 +515,10 @@ impl PostgresBackend {
     /// needed) for a notice on [`WAITING_CHANNEL`].
     fn listen(&self, timeout: Duration) -> StoreResult<bool> {
         use postgres::fallible_iterator::FallibleIterator;
-        let mut listener = self.listener.lock().expect("listener lock");
+        let mut listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if listener.as_ref().is_none_or(|conn| conn.client.is_closed()) {
             let mut conn = self.dial()?;
             conn.client
@@ -500,6 +526,7 @@ impl PostgresBackend {
                 .map_err(fail)?;
             *listener = Some(conn);
         }
+        // Cannot fail: the branch above put a connection in the slot.
         let conn = listener.as_mut().expect("connected above");
         let mut notices = conn.client.notifications();
         let heard = notices

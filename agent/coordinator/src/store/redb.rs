@@ -224,6 +224,7 @@ fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> StoreResult<T> {
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Cannot fail: records are plain data with string keys, which always serialize.
     serde_json::to_vec(value).expect("records serialize")
 }
 

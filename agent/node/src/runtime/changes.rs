@@ -22,7 +22,7 @@ impl Changes {
         self.0
             .runs
             .lock()
-            .expect("not poisoned")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(run_id.to_string());
         self.0.noted.notify_one();
     }
@@ -31,7 +31,13 @@ impl Changes {
     /// it takes, it returns in the same poll.
     pub async fn next(&self) -> BTreeSet<String> {
         loop {
-            let runs = std::mem::take(&mut *self.0.runs.lock().expect("not poisoned"));
+            let runs = std::mem::take(
+                &mut *self
+                    .0
+                    .runs
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
             if !runs.is_empty() {
                 return runs;
             }

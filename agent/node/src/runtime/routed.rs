@@ -61,7 +61,10 @@ impl Routed {
 
     /// The Docker runtime, or the one line saying why there is none.
     pub fn docker(&self) -> Result<Arc<DockerRuntime>, String> {
-        let mut engine = self.docker.lock().expect("not poisoned");
+        let mut engine = self
+            .docker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Engine::Missing { at, .. } = &*engine
             && at.elapsed() >= RETRY
         {
@@ -170,7 +173,11 @@ impl Runtime for Routed {
     ) -> Result<Vec<String>, RuntimeError> {
         let mut removed = self.process.tidy(record)?;
         // Only an engine already reached is tidied: tidying never retries a missing one.
-        let docker = match &*self.docker.lock().expect("not poisoned") {
+        let docker = match &*self
+            .docker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
             Engine::Ready(docker) => Some(docker.clone()),
             Engine::Missing { .. } => None,
         };

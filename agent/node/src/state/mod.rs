@@ -81,6 +81,7 @@ impl Store {
             *db = Some(open_existing(&self.path)?);
             tracing::info!(path = %self.path.display(), "agent state reopened after an I/O failure");
         }
+        // Cannot fail: the branch above opened the database into the slot.
         let result = f(db.as_ref().expect("opened above"));
         if let Err(e) = &result
             && e.needs_reopen()

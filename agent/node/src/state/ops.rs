@@ -83,6 +83,7 @@ impl Store {
                     return Ok(());
                 }
                 let record =
+                    // Cannot fail: a result is plain data with string keys, which always serializes.
                     serde_json::to_vec(&OpRecord { result }).expect("a recorded result serializes");
                 ops.insert(op_id, record.as_slice())
                     .map_err(|e| self.fail(e))?;

@@ -219,6 +219,7 @@ impl Store {
     }
 
     fn put_run(&self, tx: &WriteTransaction, record: &RunRecord) -> Result<(), StateError> {
+        // Cannot fail: run records are plain data with string keys, which always serialize.
         let bytes = serde_json::to_vec(record).expect("a run record serializes");
         let mut runs = tx.open_table(RUNS).map_err(|e| self.fail(e))?;
         runs.insert(record.run_id.as_str(), bytes.as_slice())

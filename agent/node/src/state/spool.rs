@@ -39,6 +39,7 @@ impl Store {
             report,
             at_unix_ms: now_unix_ms(),
         };
+        // Cannot fail: events are plain data with string keys, which always serialize.
         let bytes = serde_json::to_vec(&event).expect("an event serializes");
         let mut events = tx.open_table(EVENTS).map_err(|e| self.fail(e))?;
         events

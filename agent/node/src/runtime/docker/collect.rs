@@ -132,6 +132,7 @@ pub(super) fn collect(
     }
     let digest = format!("sha256:{}", hex::encode(hash.finalize()));
     Ok(Collected {
+        // Cannot fail: the digest was made above from the bytes' SHA-256.
         digest: fleet_proto::Digest::parse(&digest).expect("a sha256 digest"),
         size,
     })

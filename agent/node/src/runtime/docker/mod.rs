@@ -135,6 +135,7 @@ impl DockerRuntime {
     fn rt(&self) -> &tokio::runtime::Runtime {
         self.rt
             .as_ref()
+            // Cannot fail: the runtime is a field dropped only with the client.
             .expect("the client's runtime lives until drop")
     }
 
@@ -214,7 +215,10 @@ impl Runtime for DockerRuntime {
 
     fn tidy(&self, record: &dyn Fn(&str) -> Option<RunState>) -> Result<Vec<String>, RuntimeError> {
         {
-            let mut last = self.last_tidy.lock().expect("not poisoned");
+            let mut last = self
+                .last_tidy
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if last.is_some_and(|at| at.elapsed() < self.tidy.every) {
                 return Ok(Vec::new());
             }

@@ -41,7 +41,12 @@ impl DockerRuntime {
     /// The run as the engine has it now; a running run with a timeout gets its timer (one
     /// adopted after a restart), which stops it at once when it is past its deadline.
     pub(super) async fn observe(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
-        if let Some(done) = self.finished.lock().expect("not poisoned").get(run_id) {
+        if let Some(done) = self
+            .finished
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(run_id)
+        {
             return Ok(done.clone());
         }
         let unknown = || RuntimeError::UnknownRun {
@@ -57,7 +62,7 @@ impl DockerRuntime {
         if status.state.is_final() {
             self.finished
                 .lock()
-                .expect("not poisoned")
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(run_id.to_string(), status.clone());
         }
         Ok(status)
@@ -201,6 +206,7 @@ impl StreamEnd {
             bytes: self.bytes,
             kept,
             truncated: kept < self.bytes,
+            // Cannot fail: the digest was made above from the bytes' SHA-256.
             sha256: fleet_proto::Digest::parse(&digest).expect("a sha256 digest"),
             last: run_store::Bytes(self.last),
         }

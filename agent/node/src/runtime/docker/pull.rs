@@ -69,6 +69,7 @@ impl DockerRuntime {
     pub(super) fn mark_image_used(&self, image: &str, pulled: bool) {
         let path = self.image_mark(image);
         if pulled || path.exists() {
+            // Cannot fail: the path is built as a file inside the images/ folder.
             let written = std::fs::create_dir_all(path.parent().expect("under images/"))
                 .and_then(|()| std::fs::write(&path, image));
             if let Err(e) = written {
@@ -90,6 +91,7 @@ fn registry_auth_header(auth: &RegistryAuth, host: &str) -> http::HeaderValue {
         "serveraddress": host,
     });
     let encoded = base64::engine::general_purpose::URL_SAFE.encode(json.to_string());
+    // Cannot fail: base64url is visible ASCII, always a valid header value.
     let mut value = http::HeaderValue::from_str(&encoded).expect("base64url is a header value");
     value.set_sensitive(true);
     value

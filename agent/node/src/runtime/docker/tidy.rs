@@ -74,7 +74,10 @@ impl DockerRuntime {
         for mark in [Mark::Stopped, Mark::TimedOut] {
             let _ = std::fs::remove_file(self.mark_path(run_id, mark));
         }
-        self.finished.lock().expect("not poisoned").remove(run_id);
+        self.finished
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(run_id);
         self.timers.disarm(run_id);
         Ok(())
     }

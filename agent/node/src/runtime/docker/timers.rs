@@ -105,7 +105,7 @@ impl Timers {
         if !self
             .armed
             .lock()
-            .expect("not poisoned")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(run_id.to_string())
         {
             return;
@@ -122,7 +122,10 @@ impl Timers {
 
     /// Forgets that the run's timer is set (one set still fires), so it can be armed again.
     pub(super) fn disarm(&self, run_id: &str) {
-        self.armed.lock().expect("not poisoned").remove(run_id);
+        self.armed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(run_id);
     }
 
     async fn expire(&self, run_id: &str, id: &str, grace: Duration) -> Result<(), String> {
