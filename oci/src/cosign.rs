@@ -83,7 +83,7 @@ pub fn payload(docker_reference: &str, digest: &Digest) -> Vec<u8> {
 }
 
 /// The image digest a payload signs, or why it is not a cosign payload.
-fn signed_digest(payload: &[u8]) -> Result<Digest, String> {
+pub fn signed_digest(payload: &[u8]) -> Result<Digest, String> {
     let v: serde_json::Value =
         serde_json::from_slice(payload).map_err(|e| format!("its payload is not JSON ({e})"))?;
     let critical = v.get("critical").ok_or("its payload has no critical")?;
@@ -152,7 +152,7 @@ pub async fn sign(
         signatures,
         referrer: None,
     };
-    if has_referrers_api(ep, &image.digest).await? {
+    if referrers::has_api(ep, &image.digest).await? {
         let doc = serde_json::json!({
             "schemaVersion": 2,
             "mediaType": spec::MEDIA_TYPE_MANIFEST,
@@ -199,16 +199,6 @@ pub fn referrer(image: &Manifest, bytes: Vec<u8>, link: Link, artifact_type: &st
         link,
         depth: 0,
     }
-}
-
-async fn has_referrers_api(ep: &Endpoint, digest: &Digest) -> Result<bool, CopyError> {
-    Ok(match ep {
-        Endpoint::Registry { client, reference } => client
-            .get_referrers(&reference.repo, digest)
-            .await?
-            .is_some(),
-        Endpoint::Layout { .. } => false,
-    })
 }
 
 /// Checks that the image `ep` names carries a valid signature by one of `keys`.

@@ -472,16 +472,7 @@ fn an_end_and_a_timeout_are_reported_as_they_happen_not_at_the_next_watch() {
     // The agent's watch runs every heartbeat: at one an hour, no watch comes within the test's
     // waits, so whatever is reported came from the engine's event stream or the timeout's timer.
     let coord = Coordinator::start(&path("coord"), &["--heartbeat", "1h", "--lease", "2h"]);
-    std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
-    let agent = Agent::spawn(
-        &path("agent.log"),
-        testkit::agent::machine_command(dir.path()),
-    );
-    assert!(
-        agent.wait_for("session open", 1, Duration::from_secs(30)),
-        "{}",
-        agent.log_text()
-    );
+    let _agent = worker(&coord, dir.path());
     let node_id = coord.nodes()[0]["id"].as_str().unwrap().to_string();
     let _containers = Containers::of_agent(&node_id);
     let run = |extra: &[&str]| {
@@ -855,6 +846,18 @@ fn image_ref(name: &str) -> fleet_proto::run::ImageRef {
     fleet_proto::run::ImageRef::parse(name).unwrap()
 }
 
+/// One machine named `worker` joined to `coord`, its session open; files under `dir`.
+fn worker(coord: &Coordinator, dir: &std::path::Path) -> Agent {
+    std::fs::write(dir.join("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
+    let agent = Agent::spawn(&dir.join("agent.log"), testkit::agent::machine_command(dir));
+    assert!(
+        agent.wait_for("session open", 1, Duration::from_secs(30)),
+        "{}",
+        agent.log_text()
+    );
+    agent
+}
+
 /// An ECDSA P-256 key pair made by openssl: (private PEM, public PEM).
 fn p256_pair(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let (key, public) = (
@@ -953,16 +956,7 @@ fn the_signing_policy_refuses_an_unsigned_image_and_another_keys_and_runs_the_fl
     );
     assert_eq!(testkit::ok(coord.command().arg("policy")).trim(), fleet_id);
 
-    std::fs::write(path("fleet.json"), coord.token(&["--name", "worker"])).unwrap();
-    let agent = Agent::spawn(
-        &path("agent.log"),
-        testkit::agent::machine_command(dir.path()),
-    );
-    assert!(
-        agent.wait_for("session open", 1, Duration::from_secs(30)),
-        "{}",
-        agent.log_text()
-    );
+    let _agent = worker(&coord, dir.path());
     let run = |extra: &[&str]| {
         let mut cmd = coord.command();
         cmd.args(["run", "--all", "--image", &image, "--registry-auth"])
