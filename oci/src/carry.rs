@@ -71,7 +71,12 @@ pub async fn carry(
     }
     let blobs: Vec<Descriptor> = blobs.into_values().collect();
     let progress = Progress::new(blobs.iter().map(|b| b.size).sum(), quiet);
-    let moved = push::move_blobs(src, dst, &blobs, blob_options, &progress).await;
+    // A referrer's blobs are small: more of them at once than an image's layers.
+    let small = BlobOptions {
+        jobs: blob_options.jobs.max(referrers::CONCURRENCY),
+        ..blob_options.clone()
+    };
+    let moved = push::move_blobs(src, dst, &blobs, &small, &progress).await;
     progress.finish();
     for (d, m) in moved? {
         if m == Moved::Uploaded {
@@ -115,7 +120,7 @@ pub async fn carry(
             .await;
         added.into_iter().collect::<Result<(), CopyError>>()?;
     }
-    let missing = lacking(dst, &source).await?;
+    let missing = lacking(dst, &source, carried.target_form == "api").await?;
     if !missing.is_empty() {
         return Err(CopyError::ReferrersMissing {
             target: dst.name(),
@@ -199,16 +204,12 @@ pub async fn publish(
 
 /// What of `source` the target lacks, asked of it directly: each subject's listing there, each
 /// referrer's manifest, each cosign tag's layers (one request each, all `CONCURRENCY` at a time).
-async fn lacking(dst: &Endpoint, source: &Found) -> Result<Vec<String>, CopyError> {
+async fn lacking(dst: &Endpoint, source: &Found, api: bool) -> Result<Vec<String>, CopyError> {
     let by_subject: Vec<&Referrer> = (source.referrers.iter())
         .filter(|r| r.link == Link::Subject)
         .collect();
     let subjects: std::collections::BTreeSet<Digest> =
         by_subject.iter().map(|r| r.subject).collect();
-    let api = match subjects.first() {
-        Some(first) => referrers::has_api(dst, first).await?,
-        None => false,
-    };
     let listings: Vec<Result<_, CopyError>> = futures_util::stream::iter(subjects.iter().copied())
         .map(|s| async move { Ok((s, referrers::listed(dst, &s, api).await?)) })
         .buffered(referrers::CONCURRENCY)
@@ -231,11 +232,20 @@ async fn lacking(dst: &Endpoint, source: &Found) -> Result<Vec<String>, CopyErro
             missing.push(format!("{} ({})", r.manifest.digest, r.artifact_type));
         }
     }
-    for r in &source.referrers {
-        if let Link::Tag(tag) = &r.link {
-            let ours = tagged(dst, tag).await?;
-            missing.extend(referrers::tag_lacks(tag, &r.manifest, ours.as_ref()));
-        }
+    let by_tag: Vec<(&String, &Referrer)> = (source.referrers.iter())
+        .filter_map(|r| match &r.link {
+            Link::Tag(tag) => Some((tag, r)),
+            Link::Subject => None,
+        })
+        .collect();
+    let ours: Vec<Result<Option<Manifest>, CopyError>> =
+        futures_util::stream::iter(0..by_tag.len())
+            .map(|i| tagged(dst, by_tag[i].0))
+            .buffered(referrers::CONCURRENCY)
+            .collect()
+            .await;
+    for ((tag, r), ours) in by_tag.into_iter().zip(ours) {
+        missing.extend(referrers::tag_lacks(tag, &r.manifest, ours?.as_ref()));
     }
     Ok(missing)
 }
