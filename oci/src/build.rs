@@ -2,8 +2,9 @@
 use crate::compress::{Compression, Encoder};
 use crate::digest::{Digest, DigestWriter};
 use crate::epoch::{self, EpochError};
-use crate::layer::{self, LayerError};
+use crate::layer::{self, LayerError, LayerFile};
 use crate::layout::{self, Layout, LayoutError, RefOrDigest, Rollback};
+use crate::sbom;
 use crate::spec::{self, Descriptor, Platform, PlatformError};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -42,6 +43,8 @@ pub struct BuildOptions {
     pub compression: Compression,
     /// Compression workers; changes speed, never bytes.
     pub threads: usize,
+    /// Also write an SPDX SBOM of the layer's files, attached to the image as a referrer.
+    pub sbom: bool,
 }
 
 /// Why a build failed. Every message is one line naming the bad value or path.
@@ -109,6 +112,9 @@ pub struct Built {
     /// The digest of the new layer's uncompressed tar (its `rootfs.diff_ids` entry).
     #[serde(rename = "diffId")]
     pub diff_id: Digest,
+    /// With `--sbom`: the SBOM's artifact manifest, as `index.json` lists it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sbom: Option<Descriptor>,
 }
 
 /// Splits an absolute prefix into components, refusing relative ones and `.` or `..`.
@@ -139,6 +145,8 @@ fn split_pair<'a>(what: &'static str, value: &'a str) -> Result<(&'a str, &'a st
 /// A base image, read and verified before anything is written.
 struct Base {
     layout: Layout,
+    /// The base's manifest (the platform's, when the ref names an index).
+    descriptor: Descriptor,
     config: Value,
     layers: Vec<Descriptor>,
     platform: Platform,
@@ -250,6 +258,7 @@ fn load_base(dir: &Path, name: &str, asked: Option<&Platform>) -> Result<Base> {
     }
     Ok(Base {
         layout,
+        descriptor,
         config: docs.config_json,
         layers: docs.layers,
         platform,
@@ -298,7 +307,16 @@ pub fn build(opts: &BuildOptions) -> Result<Built> {
             layers.push(d.clone());
         }
     }
-    let (layer, diff_id) = write_layer(&layout, &mut rollback, opts, &prefix, epoch, skip)?;
+    let mut files = opts.sbom.then(Vec::new);
+    let (layer, diff_id) = write_layer(
+        &layout,
+        &mut rollback,
+        opts,
+        &prefix,
+        epoch,
+        skip,
+        files.as_mut(),
+    )?;
     layers.push(layer.clone());
 
     let created = epoch::rfc3339(epoch);
@@ -327,7 +345,29 @@ pub fn build(opts: &BuildOptions) -> Result<Built> {
         spec::MEDIA_TYPE_MANIFEST,
         &spec::to_json_bytes(&manifest_json),
     )?;
-    layout.set_ref(&opts.ref_name, &manifest)?;
+    let sbom = match &files {
+        Some(files) => {
+            let described = sbom::Described {
+                name: &opts.ref_name,
+                manifest: &manifest,
+                base: base
+                    .as_ref()
+                    .zip(opts.base.as_ref())
+                    .map(|(b, (_, name))| (name.as_str(), &b.descriptor.digest)),
+            };
+            let document = sbom::document(&described, files, &created);
+            Some(sbom::attach(
+                &layout,
+                &mut rollback,
+                &manifest,
+                &document,
+                &created,
+            )?)
+        }
+        None => None,
+    };
+    // The ref and the SBOM's entry land in one replacement of index.json, or neither does.
+    layout.set_ref_with_untagged(&opts.ref_name, &manifest, sbom.as_slice())?;
     rollback.keep();
     Ok(Built {
         layout: opts.layout.clone(),
@@ -337,6 +377,7 @@ pub fn build(opts: &BuildOptions) -> Result<Built> {
         config,
         layer,
         diff_id,
+        sbom,
     })
 }
 
@@ -385,6 +426,7 @@ pub fn commit_json(
 }
 
 /// Streams the layer into a blob; returns its descriptor and the uncompressed tar's digest.
+/// With `files`, the layer's regular files are recorded there on the way.
 fn write_layer(
     layout: &Layout,
     rollback: &mut Rollback,
@@ -392,6 +434,7 @@ fn write_layer(
     prefix: &[Vec<u8>],
     epoch: u64,
     skip: Option<(u64, u64)>,
+    files: Option<&mut Vec<LayerFile>>,
 ) -> Result<(Descriptor, Digest)> {
     let io = |source| BuildError::Write {
         dir: opts.layout.clone(),
@@ -401,12 +444,12 @@ fn write_layer(
     let (blob, diff_id) = if opts.compression == Compression::None {
         // The blob is the tar: one hash serves as both digests.
         let mut blob = blob;
-        layer::write_layer(&opts.root, prefix, epoch, skip, &mut blob)?;
+        layer::write_layer_listing(&opts.root, prefix, epoch, skip, &mut blob, files)?;
         (blob, None)
     } else {
         let mut tar =
             DigestWriter::new(Encoder::new(opts.compression, blob, opts.threads).map_err(io)?);
-        layer::write_layer(&opts.root, prefix, epoch, skip, &mut tar)?;
+        layer::write_layer_listing(&opts.root, prefix, epoch, skip, &mut tar, files)?;
         let (encoder, diff_id, _) = tar.finish();
         (encoder.finish().map_err(io)?, Some(diff_id))
     };

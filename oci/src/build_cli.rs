@@ -53,6 +53,9 @@ pub struct BuildArgs {
     /// Compression threads [default: the cores available]; changes speed, never bytes
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Also write an SPDX 2.3 SBOM of the layer's files, attached to the image as a referrer
+    #[arg(long)]
+    pub sbom: bool,
     /// Print a JSON object (docs/oci.md) instead of the manifest digest
     #[arg(long)]
     pub json: bool,
@@ -91,6 +94,7 @@ pub fn build(args: BuildArgs) -> Result<()> {
         base: args.base_layout.zip(args.base_ref),
         compression: Compression::parse(&args.compression)?,
         threads: args.threads.unwrap_or_else(compress::default_threads),
+        sbom: args.sbom,
     };
     let built = build::build(&opts)?;
     let mut out = std::io::stdout().lock();
@@ -99,6 +103,9 @@ pub fn build(args: BuildArgs) -> Result<()> {
         writeln!(out)?;
     } else {
         writeln!(out, "{}", built.manifest.digest)?;
+        if let Some(sbom) = &built.sbom {
+            writeln!(out, "{}", sbom.digest)?;
+        }
     }
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! One reproducible layer tar from a folder: a sorted walk, fixed metadata, hardlinks as links, special files refused.
 use crate::tar::{self, Entry, Kind};
+use sha1::Sha1;
+use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::{self, File};
@@ -30,6 +32,21 @@ pub enum LayerError {
 
 type Result<T> = std::result::Result<T, LayerError>;
 
+/// A regular file as the layer holds it (what an SBOM lists), recorded during the walk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerFile {
+    /// The archive name (prefix included, no leading `/`).
+    pub path: Vec<u8>,
+    /// Permission bits (`mode & 0o7777`).
+    pub mode: u32,
+    /// The content size; a hardlink gets that of the file holding its data.
+    pub size: u64,
+    /// The content's SHA-1.
+    pub sha1: [u8; 20],
+    /// The content's SHA-256.
+    pub sha256: [u8; 32],
+}
+
 /// Writes the tar of `root`'s contents, placed under `prefix` (path components, outermost first),
 /// with every entry's mtime set to `mtime`. The root itself is stored only as the prefix's last
 /// directory; the prefix's parents get mode 0755. The directory `skip` (device, inode), if met, is
@@ -41,6 +58,19 @@ pub fn write_layer<W: Write>(
     skip: Option<(u64, u64)>,
     out: &mut W,
 ) -> Result<()> {
+    write_layer_listing(root, prefix, mtime, skip, out, None)
+}
+
+/// [`write_layer`], also recording into `files` every regular file the layer holds (hardlinks
+/// each under their own name), in archive order, with hashes taken as the bytes stream by.
+pub fn write_layer_listing<W: Write>(
+    root: &Path,
+    prefix: &[Vec<u8>],
+    mtime: u64,
+    skip: Option<(u64, u64)>,
+    out: &mut W,
+    files: Option<&mut Vec<LayerFile>>,
+) -> Result<()> {
     let root_meta = fs::metadata(root).map_err(|source| LayerError::Read {
         path: root.to_path_buf(),
         source,
@@ -51,6 +81,7 @@ pub fn write_layer<W: Write>(
         skip,
         first_links: HashMap::new(),
         buf: vec![0; 1 << 20],
+        files,
     };
     let mut name = Vec::new();
     for (i, component) in prefix.iter().enumerate() {
@@ -74,9 +105,12 @@ struct Walker<'a, W> {
     out: &'a mut W,
     mtime: u64,
     skip: Option<(u64, u64)>,
-    /// The archive name of the first file seen for each (device, inode) with more than one link.
-    first_links: HashMap<(u64, u64), Vec<u8>>,
+    /// The archive name of the first file seen for each (device, inode) with more than one link,
+    /// and its place in `files` when they are recorded.
+    first_links: HashMap<(u64, u64), (Vec<u8>, usize)>,
     buf: Vec<u8>,
+    /// The regular files written so far, when asked for.
+    files: Option<&'a mut Vec<LayerFile>>,
 }
 
 impl<W: Write> Walker<'_, W> {
@@ -136,14 +170,36 @@ impl<W: Write> Walker<'_, W> {
         } else if ft.is_file() {
             if meta.nlink() > 1 {
                 let key = (meta.dev(), meta.ino());
-                if let Some(first) = self.first_links.get(&key) {
-                    let first = first.clone();
-                    return self.header(name, Kind::Hardlink, mode, 0, &first);
+                if let Some((first, at)) = self.first_links.get(&key) {
+                    let (first, at) = (first.clone(), *at);
+                    self.header(name, Kind::Hardlink, mode, 0, &first)?;
+                    if let Some(files) = self.files.as_deref_mut() {
+                        // The first name's bytes under another name: listed as a file of its own.
+                        // `at` is where the first name was pushed (a failed read ends the walk).
+                        let data = files[at].clone();
+                        files.push(LayerFile {
+                            path: name.clone(),
+                            mode,
+                            ..data
+                        });
+                    }
+                    return Ok(());
                 }
-                self.first_links.insert(key, name.clone());
+                let at = self.files.as_deref().map_or(0, Vec::len);
+                self.first_links.insert(key, (name.clone(), at));
             }
             self.header(name, Kind::File, mode, meta.len(), b"")?;
-            self.contents(path, meta.len())
+            let hashes = self.contents(path, meta.len())?;
+            if let (Some(files), Some((sha1, sha256))) = (self.files.as_deref_mut(), hashes) {
+                files.push(LayerFile {
+                    path: name.clone(),
+                    mode,
+                    size: meta.len(),
+                    sha1,
+                    sha256,
+                });
+            }
+            Ok(())
         } else {
             let kind = if ft.is_socket() {
                 "socket"
@@ -162,7 +218,9 @@ impl<W: Write> Walker<'_, W> {
     }
 
     /// Copies exactly `size` bytes of a file, then its padding; a file of another size is an error.
-    fn contents(&mut self, path: &Path, size: u64) -> Result<()> {
+    /// Returns the content's SHA-1 and SHA-256 when files are recorded.
+    fn contents(&mut self, path: &Path, size: u64) -> Result<Option<([u8; 20], [u8; 32])>> {
+        let mut hashers = self.files.is_some().then(|| (Sha1::new(), Sha256::new()));
         let read_err = |source| LayerError::Read {
             path: path.to_path_buf(),
             source,
@@ -184,6 +242,10 @@ impl<W: Write> Walker<'_, W> {
             self.out
                 .write_all(&self.buf[..n])
                 .map_err(LayerError::Write)?;
+            if let Some((sha1, sha256)) = &mut hashers {
+                sha1.update(&self.buf[..n]);
+                sha256.update(&self.buf[..n]);
+            }
             left -= n as u64;
         }
         if file.read(&mut self.buf[..1]).map_err(read_err)? != 0 {
@@ -197,13 +259,51 @@ impl<W: Write> Walker<'_, W> {
         let pad = [0u8; 512];
         self.out
             .write_all(&pad[..tar::padding(size)])
-            .map_err(LayerError::Write)
+            .map_err(LayerError::Write)?;
+        Ok(hashers.map(|(sha1, sha256)| (sha1.finalize().into(), sha256.finalize().into())))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listing_records_regular_files_and_changes_no_byte() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("d")).unwrap();
+        fs::write(tmp.path().join("d/a"), b"abc").unwrap();
+        fs::hard_link(tmp.path().join("d/a"), tmp.path().join("z")).unwrap();
+        std::os::unix::fs::symlink("d/a", tmp.path().join("link")).unwrap();
+        let (mut plain, mut listed, mut files) = (Vec::new(), Vec::new(), Vec::new());
+        write_layer(tmp.path(), &[b"p".to_vec()], 0, None, &mut plain).unwrap();
+        write_layer_listing(
+            tmp.path(),
+            &[b"p".to_vec()],
+            0,
+            None,
+            &mut listed,
+            Some(&mut files),
+        )
+        .unwrap();
+        assert_eq!(plain, listed, "the listing changes no byte of the layer");
+        let names: Vec<&[u8]> = files.iter().map(|f| f.path.as_slice()).collect();
+        assert_eq!(names, [&b"p/d/a"[..], b"p/z"], "no directory, no symlink");
+        assert_eq!(files[0].size, 3);
+        assert_eq!(
+            hex::encode(files[0].sha256),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            hex::encode(files[0].sha1),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+        assert_eq!(
+            (files[1].size, files[1].sha1, files[1].sha256),
+            (files[0].size, files[0].sha1, files[0].sha256),
+            "a hardlink is listed with its data's size and sums"
+        );
+    }
 
     #[test]
     fn special_files_are_refused_by_path() {

@@ -541,6 +541,17 @@ impl Layout {
     /// Points `name` at `descriptor` in `index.json`, replacing any entry of that name and leaving
     /// the others alone. The file is replaced atomically.
     pub fn set_ref(&self, name: &str, descriptor: &Descriptor) -> Result<()> {
+        self.set_ref_with_untagged(name, descriptor, &[])
+    }
+
+    /// [`Layout::set_ref`] and [`Layout::add_untagged`] of each of `untagged` in one replacement
+    /// of `index.json`: all land or none does.
+    pub fn set_ref_with_untagged(
+        &self,
+        name: &str,
+        descriptor: &Descriptor,
+        untagged: &[Descriptor],
+    ) -> Result<()> {
         validate_ref_name(name)?;
         let mut index = self.index()?;
         index.manifests.retain(|d| d.ref_name() != Some(name));
@@ -549,6 +560,9 @@ impl Layout {
             .annotations
             .insert(ANNOTATION_REF_NAME.to_string(), name.to_string());
         index.manifests.push(entry);
+        for d in untagged {
+            push_untagged(&mut index, d);
+        }
         self.write_index(&index)
     }
 
@@ -556,22 +570,32 @@ impl Layout {
     /// `subject`), unless an entry of that digest without a ref name is there already.
     pub fn add_untagged(&self, descriptor: &Descriptor) -> Result<()> {
         let mut index = self.index()?;
-        if index
-            .manifests
-            .iter()
-            .any(|d| d.digest == descriptor.digest && d.ref_name().is_none())
-        {
-            return Ok(());
+        if push_untagged(&mut index, descriptor) {
+            self.write_index(&index)
+        } else {
+            Ok(())
         }
-        let mut entry = descriptor.clone();
-        entry.annotations.remove(ANNOTATION_REF_NAME);
-        index.manifests.push(entry);
-        self.write_index(&index)
     }
 
     fn write_index(&self, index: &Index) -> Result<()> {
         write_atomic(&self.dir.join("index.json"), &spec::to_json_bytes(index))
     }
+}
+
+/// Adds `descriptor` without a ref name unless an entry of that digest without one is there;
+/// says whether it added it.
+fn push_untagged(index: &mut Index, descriptor: &Descriptor) -> bool {
+    if index
+        .manifests
+        .iter()
+        .any(|d| d.digest == descriptor.digest && d.ref_name().is_none())
+    {
+        return false;
+    }
+    let mut entry = descriptor.clone();
+    entry.annotations.remove(ANNOTATION_REF_NAME);
+    index.manifests.push(entry);
+    true
 }
 
 /// A manifest's or index's media type from its own bytes (for documents found only by digest).

@@ -8,6 +8,7 @@ pub mod image_index;
 pub mod inspect;
 pub mod layer;
 pub mod layout;
+pub mod sbom;
 pub mod spec;
 // Registry transfers (issue 3).
 pub mod attach;

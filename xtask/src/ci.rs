@@ -48,8 +48,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "stress-ng",
 ];
 
-/// PyPI packages the tests use, as (import name, package name).
-const PYTHON_PACKAGES: &[(&str, &str)] = &[("yaml", "PyYAML")];
+/// PyPI packages the tests use, as (import name, package name). `spdx-tools` is the SPDX
+/// project's validator (`pyspdxtools`), which checks the SBOMs of `oci build --sbom`.
+const PYTHON_PACKAGES: &[(&str, &str)] = &[("yaml", "PyYAML"), ("spdx_tools", "spdx-tools")];
 
 pub fn run(busy: bool) -> Result<()> {
     install_debian_packages()?;
