@@ -194,6 +194,7 @@ fn helper_get(helper: &str, host: &str) -> Result<Option<Credential>, AuthError>
     child
         .stdin
         .take()
+        // Cannot fail: the helper was spawned with a piped stdin just above.
         .expect("stdin is piped")
         .write_all(host.as_bytes())
         .map_err(|e| fail(e.to_string()))?;

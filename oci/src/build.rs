@@ -483,12 +483,14 @@ fn image_config(
     };
     let obj = cfg
         .as_object_mut()
+        // Cannot fail: the config was checked to be a JSON object when it was read.
         .expect("configs are checked to be objects");
     obj.insert("created".into(), json!(created));
     let run = obj.entry("config").or_insert_with(|| json!({}));
     if !run.is_object() {
         *run = json!({});
     }
+    // Cannot fail: the line above put an object there.
     let run = run.as_object_mut().expect("just made an object");
     if !opts.env.is_empty() {
         let mut env: Vec<String> = run
@@ -530,8 +532,10 @@ fn image_config(
         if !labels.is_object() {
             *labels = json!({});
         }
+        // Cannot fail: the line above put an object there.
         let labels = labels.as_object_mut().expect("just made an object");
         for pair in &opts.labels {
+            // Cannot fail: labels were checked to hold `=` before the build began.
             let (k, v) = pair.split_once('=').expect("labels are checked first");
             labels.insert(k.to_string(), json!(v));
         }

@@ -182,6 +182,7 @@ impl<W: Write> ParallelGzip<W> {
         let jobs = self
             .jobs
             .as_ref()
+            // Cannot fail: the writer submits its last block only once, after every other.
             .expect("no block is submitted after the last");
         jobs.send((self.submitted, block, last))
             .map_err(|_| worker_gone())?;

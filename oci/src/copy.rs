@@ -511,6 +511,7 @@ async fn put_manifest(dst: &Endpoint, m: &Manifest, named: bool) -> Result<bool,
                 Ok(true)
             })
             .await
+            // Cannot fail: the task returns its errors; it panics only on a bug, which should stop the command.
             .expect("the layout writer thread does not panic")
             .map_err(CopyError::from)
         }

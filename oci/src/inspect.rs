@@ -167,6 +167,7 @@ impl Inspection {
     /// The human-readable form: one `name: value` per line, layers and manifests indented below.
     pub fn text(&self) -> String {
         let mut s = String::new();
+        // Cannot fail: a list of strings always serializes.
         let list = |v: &[String]| serde_json::to_string(v).expect("strings serialize");
         match self {
             Inspection::Manifest(m) => {

@@ -786,6 +786,7 @@ impl Temp {
     fn inner(&self) -> &tempfile::NamedTempFile {
         self.0
             .as_ref()
+            // Cannot fail: only `persist` takes the file, and it consumes the writer.
             .expect("a temporary file is only taken by persist")
     }
 
@@ -799,6 +800,7 @@ impl Temp {
 
     /// Renames it to `path` (replacing what is there).
     fn persist(mut self, path: &Path) -> io::Result<()> {
+        // Cannot fail: `persist` consumes the writer, so it runs once.
         let tmp = self.0.take().expect("persisted once");
         let mut registry = cleanup::registry();
         registry.remove_temp(tmp.path());
@@ -808,9 +810,11 @@ impl Temp {
 
 impl Write for Temp {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // Cannot fail: a persisted writer is consumed and cannot be written to.
         self.0.as_mut().expect("not persisted").write(buf)
     }
     fn flush(&mut self) -> io::Result<()> {
+        // Cannot fail: a persisted writer is consumed and cannot be flushed.
         self.0.as_mut().expect("not persisted").flush()
     }
 }

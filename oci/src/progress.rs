@@ -68,6 +68,7 @@ impl Progress {
 
 fn style(template: &str) -> ProgressStyle {
     ProgressStyle::with_template(template)
+        // Cannot fail: the templates are constants checked by the tests.
         .expect("the templates are valid")
         .progress_chars("=> ")
 }

@@ -105,6 +105,7 @@ async fn move_blob(
                         to.copy_blob_from(&from, &digest, Some(size))
                     })
                     .await
+                    // Cannot fail: the task returns its errors; it panics only on a bug, which should stop the command.
                     .expect("the blob copy thread does not panic")?;
                     progress.skip(d.size);
                 }
@@ -275,6 +276,7 @@ async fn write_to_layout(
     }
     writer
         .await
+        // Cannot fail: the task returns its errors; it panics only on a bug, which should stop the command.
         .expect("the blob writer thread does not panic")?;
     Ok(())
 }

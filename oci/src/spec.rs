@@ -209,6 +209,7 @@ impl Index {
 /// The bytes of a JSON document as this crate stores it: compact, fields in declaration order.
 pub fn to_json_bytes<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value)
+        // Cannot fail: documents of plain strings, numbers and maps always serialize.
         .expect("documents of plain strings, numbers and maps always serialize")
 }
 

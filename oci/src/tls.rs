@@ -101,6 +101,7 @@ impl TlsOptions {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
+            // Cannot fail: the ring provider supports rustls' default protocol versions.
             .expect("ring supports the default protocol versions")
             .with_root_certificates(roots);
         let config = match &identity {

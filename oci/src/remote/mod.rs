@@ -4,7 +4,7 @@
 //! mounts) so the bytes on the wire are exactly the stored bytes, and owns its `reqwest` client so a
 //! client identity and extra roots can be attached.
 pub mod blobs;
-mod challenge;
+pub mod challenge;
 pub mod error;
 pub mod manifests;
 pub mod verify;
@@ -176,7 +176,7 @@ impl Client {
             .inner
             .auth
             .lock()
-            .expect("the auth state is never poisoned");
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(token) = auth.tokens.get(&scope.key()) {
             return Some(token.clone());
         }
@@ -271,7 +271,7 @@ impl Client {
                 self.inner
                     .auth
                     .lock()
-                    .expect("the auth state is never poisoned")
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .basic = true;
                 Ok(())
             }
@@ -288,7 +288,7 @@ impl Client {
                     .inner
                     .auth
                     .lock()
-                    .expect("the auth state is never poisoned");
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 auth.tokens.insert(scope.key(), format!("Bearer {token}"));
                 Ok(())
             }

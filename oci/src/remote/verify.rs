@@ -17,12 +17,15 @@ impl Verdict {
     pub fn mismatch(&self) -> Option<String> {
         self.0
             .lock()
-            .expect("the verdict is never poisoned")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
     fn set(&self, message: String) -> io::Error {
-        *self.0.lock().expect("the verdict is never poisoned") = Some(message.clone());
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message.clone());
         io::Error::new(io::ErrorKind::InvalidData, message)
     }
 }
