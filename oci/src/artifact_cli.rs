@@ -1,4 +1,5 @@
-//! The commands about what refers to an image: `referrers`, `attach`, `sign`, `verify`.
+//! The commands about what refers to an image: `referrers`, `attach`, `sign`, `verify` (its
+//! signatures and, with `--sbom`, its SBOMs against its layer).
 use crate::remote_cli::{TlsArgs, parse_ref, runtime, warn_skipped};
 use anyhow::{Result, bail};
 use clap::Args;
@@ -63,14 +64,18 @@ pub struct SignArgs {
     pub tls: TlsArgs,
 }
 
-/// `oci verify REF --key PUB`
+/// `oci verify REF --key PUB [--sbom]`
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
     /// The image to check
     pub reference: String,
     /// A public key, PEM; the image passes if one of them signed it (repeatable)
-    #[arg(long, value_name = "PUB", required = true)]
+    #[arg(long, value_name = "PUB", required_unless_present = "sbom")]
     pub key: Vec<PathBuf>,
+    /// Check that every SPDX SBOM referring to the image describes it and lists exactly the
+    /// regular files of its last layer (path, SHA-256, size, mode)
+    #[arg(long)]
+    pub sbom: bool,
     /// Print a JSON object
     #[arg(long)]
     pub json: bool,
@@ -116,9 +121,17 @@ pub fn referrers(args: ReferrersArgs) -> Result<()> {
     let found = runtime()?.block_on(async {
         let ep = open(&args.reference, &args.tls, false)?;
         let image = ep.top_manifest().await?;
-        let found = oci::carry::list(&ep, &[image.digest], args.artifact_type.as_deref()).await?;
-        Ok::<_, anyhow::Error>(found)
+        // An index's referrers and those of each platform's manifest, as `copy` carries them.
+        let mut roots = vec![image.digest];
+        if oci::spec::is_index(&image.media_type)
+            && let Ok(index) = serde_json::from_slice::<oci::spec::Index>(&image.bytes)
+        {
+            roots.extend(index.manifests.iter().map(|m| m.digest));
+        }
+        let found = oci::carry::list(&ep, &roots, args.artifact_type.as_deref()).await?;
+        Ok::<_, anyhow::Error>((image.digest, found))
     })?;
+    let (image, found) = found;
     warn_skipped(&found.skipped);
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -147,6 +160,11 @@ pub fn referrers(args: ReferrersArgs) -> Result<()> {
             Link::Tag(t) => format!(" tag={t}"),
             Link::Subject => String::new(),
         };
+        // What refers to one platform's manifest of an index says which.
+        let of = match r.depth == 0 && r.subject != image {
+            true => format!(" subject={}", r.subject),
+            false => String::new(),
+        };
         let notes: Vec<String> = r
             .annotations
             .iter()
@@ -154,7 +172,7 @@ pub fn referrers(args: ReferrersArgs) -> Result<()> {
             .collect();
         writeln!(
             out,
-            "{}{} {} {}{via}{}",
+            "{}{} {} {}{via}{of}{}",
             "  ".repeat(r.depth),
             r.artifact_type,
             r.manifest.digest,
@@ -224,19 +242,42 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
         .iter()
         .map(|p| PublicKey::read(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let verified = runtime()?.block_on(async {
+    let (verified, sboms) = runtime()?.block_on(async {
         let ep = open(&args.reference, &args.tls, false)?;
-        Ok::<_, anyhow::Error>(cosign::verify(&ep, &keys).await?)
+        let verified = match keys.is_empty() {
+            true => None,
+            false => Some(cosign::verify(&ep, &keys).await?),
+        };
+        let sboms = match args.sbom {
+            true => Some(oci::sbom_check::check(&ep).await?),
+            false => None,
+        };
+        Ok::<_, anyhow::Error>((verified, sboms))
     })?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &verified)?;
+        let mut answer = serde_json::to_value(&verified)?;
+        if let Some(sboms) = &sboms {
+            let sboms = serde_json::to_value(sboms)?;
+            match &mut answer {
+                serde_json::Value::Object(o) => {
+                    o.insert("sboms".into(), sboms);
+                }
+                other => *other = serde_json::json!({ "sboms": sboms }),
+            }
+        }
+        serde_json::to_writer_pretty(&mut out, &answer)?;
         writeln!(out)?;
-    } else {
+        return Ok(());
+    }
+    if let Some(v) = &verified {
+        writeln!(out, "{} signed by {} ({})", v.image, v.key, v.found_in)?;
+    }
+    for s in sboms.iter().flatten() {
         writeln!(
             out,
-            "{} signed by {} ({})",
-            verified.image, verified.key, verified.found_in
+            "SBOM {} lists the {} files of layer {} exactly",
+            s.sbom, s.files, s.layer
         )?;
     }
     Ok(())

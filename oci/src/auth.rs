@@ -1,6 +1,7 @@
 //! Registry credentials: `--creds`, `$OCI_CREDS`, `REGISTRY_AUTH_FILE`/auth.json, Docker's config.json and credential helpers.
 //!
 //! A credential lives only in memory: it is never written anywhere and never printed.
+use crate::text::printable;
 use base64::Engine as _;
 use std::fmt;
 use std::io::Write;
@@ -169,12 +170,17 @@ fn auth_key_host(key: &str) -> &str {
     k.split('/').next().unwrap_or(k)
 }
 
+/// What a helper error says when the helper's answer is unusable (its stdout is never shown).
+pub const HELPER_NO_JSON: &str = "it printed no JSON";
+pub const HELPER_NO_FIELDS: &str = "its answer lacks Username or Secret";
+
 /// Runs `docker-credential-NAME get` with the host on stdin; "not found" means no credential.
 fn helper_get(helper: &str, host: &str) -> Result<Option<Credential>, AuthError> {
+    // The host came from the command line or a config file, the words from the helper: one line.
     let fail = |msg: String| AuthError::Helper {
-        helper: helper.to_string(),
-        host: host.to_string(),
-        msg,
+        helper: printable(helper).into_owned(),
+        host: printable(host).into_owned(),
+        msg: printable(&msg).into_owned(),
     };
     let mut command = Command::new(format!("docker-credential-{helper}"));
     // SAFETY: the hook only calls pthread_sigmask, which is async-signal-safe.
@@ -210,7 +216,7 @@ fn helper_get(helper: &str, host: &str) -> Result<Option<Credential>, AuthError>
         ));
     }
     let v: serde_json::Value =
-        serde_json::from_str(&stdout).map_err(|_| fail("it printed no JSON".into()))?;
+        serde_json::from_str(&stdout).map_err(|_| fail(HELPER_NO_JSON.into()))?;
     match (
         v.get("Username").and_then(|u| u.as_str()),
         v.get("Secret").and_then(|s| s.as_str()),
@@ -219,7 +225,7 @@ fn helper_get(helper: &str, host: &str) -> Result<Option<Credential>, AuthError>
             user: user.to_string(),
             secret: secret.to_string(),
         })),
-        _ => Err(fail("its answer lacks Username or Secret".into())),
+        _ => Err(fail(HELPER_NO_FIELDS.into())),
     }
 }
 

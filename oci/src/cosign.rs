@@ -297,7 +297,7 @@ fn is_der_sequence(sig: &[u8]) -> bool {
     sig.len() >= 8 && sig[0] == 0x30 && usize::from(sig[1]) == sig.len() - 2
 }
 
-async fn read_blob(ep: &Endpoint, d: &Descriptor) -> Result<Vec<u8>, CopyError> {
+pub(crate) async fn read_blob(ep: &Endpoint, d: &Descriptor) -> Result<Vec<u8>, CopyError> {
     match ep {
         Endpoint::Registry { client, reference } => {
             Ok(client.read_blob(&reference.repo, &d.digest, d.size).await?)

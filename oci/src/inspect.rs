@@ -3,6 +3,7 @@ use crate::build::{self, BuildError};
 use crate::digest::Digest;
 use crate::layout::{Layout, RefOrDigest};
 use crate::spec::{self, Descriptor, Index};
+use crate::text::printable;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -172,29 +173,31 @@ impl Inspection {
         match self {
             Inspection::Manifest(m) => {
                 let _ = writeln!(s, "digest:      {}", m.digest);
-                let _ = writeln!(s, "media type:  {}", m.media_type);
-                let _ = writeln!(s, "platform:    {}", m.platform);
-                let _ = writeln!(s, "created:     {}", m.created.as_deref().unwrap_or("-"));
+                let _ = writeln!(s, "media type:  {}", printable(&m.media_type));
+                let _ = writeln!(s, "platform:    {}", printable(&m.platform));
+                let created = m.created.as_deref().unwrap_or("-");
+                let _ = writeln!(s, "created:     {}", printable(created));
                 let _ = writeln!(s, "entrypoint:  {}", list(&m.entrypoint));
                 let _ = writeln!(s, "cmd:         {}", list(&m.cmd));
                 let _ = writeln!(s, "env:         {}", list(&m.env));
                 if let Some(w) = &m.working_dir {
-                    let _ = writeln!(s, "workdir:     {w}");
+                    let _ = writeln!(s, "workdir:     {}", printable(w));
                 }
                 for (k, v) in &m.labels {
-                    let _ = writeln!(s, "label:       {k}={v}");
+                    let _ = writeln!(s, "label:       {}={}", printable(k), printable(v));
                 }
                 let _ = writeln!(s, "layers:");
                 for l in &m.layers {
-                    let _ = writeln!(s, "  {} {} {}", l.digest, l.media_type, l.size);
+                    let _ = writeln!(s, "  {} {} {}", l.digest, printable(&l.media_type), l.size);
                 }
             }
             Inspection::Index(i) => {
                 let _ = writeln!(s, "digest:      {}", i.digest);
-                let _ = writeln!(s, "media type:  {}", i.media_type);
+                let _ = writeln!(s, "media type:  {}", printable(&i.media_type));
                 let _ = writeln!(s, "manifests:");
                 for m in &i.manifests {
-                    let _ = writeln!(s, "  {} {}", m.platform.as_deref().unwrap_or("-"), m.digest);
+                    let platform = m.platform.as_deref().unwrap_or("-");
+                    let _ = writeln!(s, "  {} {}", printable(platform), m.digest);
                 }
             }
         }

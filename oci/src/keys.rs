@@ -31,6 +31,8 @@ pub enum KeyError {
         .path.display()
     )]
     CosignEncrypted { path: PathBuf },
+    #[error("{} is {what}", .path.display())]
+    WrongHalf { path: PathBuf, what: &'static str },
     #[error(
         "{} is not {want}: {detail}; make one with {how}",
         .path.display()
@@ -63,6 +65,12 @@ impl PublicKey {
     /// Reads a PEM `PUBLIC KEY` file.
     pub fn read(path: &Path) -> Result<PublicKey, KeyError> {
         let text = read(path)?;
+        if text.contains("PRIVATE KEY-----") {
+            return Err(KeyError::WrongHalf {
+                path: path.to_path_buf(),
+                what: "a private key: give the public key made from it (openssl pkey -in KEY -pubout -out KEY.pub)",
+            });
+        }
         let bad = |detail: String| KeyError::Format {
             path: path.to_path_buf(),
             want: "an ECDSA P-256 public key in PEM (BEGIN PUBLIC KEY)",
@@ -124,6 +132,12 @@ impl SigningKey {
         if text.contains("ENCRYPTED SIGSTORE PRIVATE KEY") || text.contains("ENCRYPTED COSIGN") {
             return Err(KeyError::CosignEncrypted {
                 path: path.to_path_buf(),
+            });
+        }
+        if text.contains("-----BEGIN PUBLIC KEY-----") {
+            return Err(KeyError::WrongHalf {
+                path: path.to_path_buf(),
+                what: "a public key, which only verifies: sign with the private key it was made from",
             });
         }
         let bad = |detail: String| KeyError::Format {

@@ -22,7 +22,9 @@ pub mod push;
 pub mod reference;
 pub mod referrers;
 pub mod remote;
+pub mod sbom_check;
 pub mod tar;
+pub mod text;
 pub mod tls;
 
 pub use digest::Digest;

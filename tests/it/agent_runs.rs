@@ -157,16 +157,7 @@ impl Fleet {
     }
 
     fn status(&self, set: &str) -> Vec<Value> {
-        let out = testkit::ok(
-            self.coord
-                .command()
-                .args(["status", "--set", set, "--json"]),
-        );
-        serde_json::from_str::<Value>(&out)
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .clone()
+        self.coord.rows(set)
     }
 
     fn row(&self, set: &str) -> Value {

@@ -2,7 +2,9 @@
 //! real PostgreSQL (Debian's, a throwaway cluster per test), with real agents running real
 //! programs: a token raced at two coordinators, a node's session moved between coordinators,
 //! `collect` and `stop` sent to a coordinator that does not hold the session, a coordinator
-//! SIGKILLed mid-dispatch, and PostgreSQL restarted mid-dispatch. A program appends its argument
+//! SIGKILLed mid-dispatch, PostgreSQL restarted mid-dispatch, a revoke cutting sessions wherever
+//! they are held, a coordinator added after a node's welcome, and content that outlives the
+//! coordinator it was imported through. A program appends its argument
 //! to a side-effect file, so every run's executions are counted.
 use serde_json::Value;
 use std::collections::HashMap;
@@ -22,29 +24,31 @@ struct Fleet {
     dir: tempfile::TempDir,
     coords: Vec<Coordinator>,
     agents: Vec<Agent>,
+    /// What every coordinator is started with beside `--store`.
+    flags: Vec<String>,
 }
 
 impl Fleet {
     fn new(n: usize) -> Fleet {
+        Fleet::with_flags(n, &[])
+    }
+
+    /// `n` coordinators, each started with `flags` beside `--store`.
+    fn with_flags(n: usize, flags: &[&str]) -> Fleet {
         let pg = Postgres::start();
         let url = pg.fresh_database();
         let dir = testkit::tempdir();
-        let first = dir.path().join("coord-0");
-        let mut coords = vec![Coordinator::start(&first, &["--store", &url])];
-        for i in 1..n {
-            let data = dir.path().join(format!("coord-{i}"));
-            std::fs::create_dir(&data).unwrap();
-            let key = fleet_coordinator::KEY_FILE;
-            std::fs::copy(first.join(key), data.join(key)).unwrap();
-            coords.push(Coordinator::start(&data, &["--store", &url]));
-        }
-        let fleet = Fleet {
+        let mut fleet = Fleet {
             pg,
             url,
             dir,
-            coords,
+            coords: Vec::new(),
             agents: Vec::new(),
+            flags: flags.iter().map(|f| f.to_string()).collect(),
         };
+        for _ in 0..n {
+            fleet.start_coordinator();
+        }
         let everyone = wait_until(WAIT, || {
             let join: Value = serde_json::from_str(&fleet.coords[0].token(&[])).unwrap();
             join["alternates"].as_array().map_or(0, Vec::len) == n - 1
@@ -55,6 +59,33 @@ impl Fleet {
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// One more coordinator on the fleet's database (the first makes the fleet's key; the others
+    /// get a copy of it, as an operator adds one); returns its index at once.
+    fn start_coordinator(&mut self) -> usize {
+        let first = self.path("coord-0");
+        let data = self.path(&format!("coord-{}", self.coords.len()));
+        if !self.coords.is_empty() {
+            std::fs::create_dir(&data).unwrap();
+            let key = fleet_coordinator::KEY_FILE;
+            std::fs::copy(first.join(key), data.join(key)).unwrap();
+        }
+        let mut flags = vec!["--store", self.url.as_str()];
+        flags.extend(self.flags.iter().map(String::as_str));
+        self.coords.push(Coordinator::start(&data, &flags));
+        self.coords.len() - 1
+    }
+
+    /// [`Fleet::start_coordinator`], returning once the first coordinator knows it.
+    fn add_coordinator(&mut self) -> usize {
+        let added = self.start_coordinator();
+        let known = wait_until(WAIT, || {
+            let join: Value = serde_json::from_str(&self.coords[0].token(&[])).unwrap();
+            join["alternates"].as_array().map_or(0, Vec::len) == added
+        });
+        assert!(known, "the first coordinator never heard of the new one");
+        added
     }
 
     /// A machine named `name` joining with a join file minted by coordinator `via`.
@@ -363,7 +394,11 @@ fn a_coordinator_on_the_fleet_store_with_another_key_is_named_when_content_is_co
     fleet.add_agent("m1", 0);
     // An operator forgot to copy the fleet's key: this one made a key of its own.
     let stray_data = fleet.path("coord-stray");
-    let stray = Coordinator::start(&stray_data, &["--store", &fleet.url]);
+    // One copy only: with more, its `run` is refused at once, naming the key it met (below).
+    let stray = Coordinator::start(
+        &stray_data,
+        &["--store", &fleet.url, "--content-copies", "1"],
+    );
     let known = wait_until(WAIT, || {
         let join: Value = serde_json::from_str(&fleet.coords[0].token(&[])).unwrap();
         join["alternates"].as_array().map_or(0, Vec::len) == 1
@@ -377,13 +412,18 @@ fn a_coordinator_on_the_fleet_store_with_another_key_is_named_when_content_is_co
             .args(["run", "--node", "m1", "--program"])
             .arg(&program),
     );
-    let rows = fleet.wait_final(0, &[set.trim().to_string()]);
-    assert_eq!(rows[0]["state"], "failed", "{}", rows[0]);
+    // No holder the node's coordinator may copy from: the run waits, its row naming why.
     let line = format!(
         "the coordinator at {} presented key {}",
         stray.addr,
         stray_key(&stray_data)
     );
+    let set = set.trim().to_string();
+    let named = wait_until(WAIT, || {
+        let row = fleet.row(0, &set);
+        row["state"] == "waiting" && row["error"].as_str().is_some_and(|e| e.contains(&line))
+    });
+    assert!(named, "{:#}", fleet.row(0, &set));
     let log = fleet.coords[0].log_text();
     assert!(
         log.lines().any(|l| l.contains(&line)
@@ -393,6 +433,30 @@ fn a_coordinator_on_the_fleet_store_with_another_key_is_named_when_content_is_co
             )),
         "{log}"
     );
+    // With the default two copies, a run through such a coordinator is refused at once, naming
+    // the key it met, and nothing is recorded.
+    drop(stray);
+    let stray = Coordinator::start(&stray_data, &["--store", &fleet.url]);
+    let refused = fleet_refusal(&stray, &program);
+    assert!(
+        refused.contains(&format!(
+            "the coordinator at {} presented key",
+            fleet.coords[0].addr
+        )) && refused
+            .ends_with("nothing was recorded: run it again once the fleet's coordinators answer"),
+        "{refused}"
+    );
+}
+
+/// `run --node m1 --program P` through `coord`, refused: its one line.
+fn fleet_refusal(coord: &Coordinator, program: &Path) -> String {
+    coord.refusal(&[
+        "run",
+        "--node",
+        "m1",
+        "--program",
+        program.to_str().unwrap(),
+    ])
 }
 
 /// The public key of the coordinator whose data folder is `data`, as `nodes` shows keys.
@@ -433,4 +497,366 @@ fn content_copied_between_coordinators_resumes_from_what_a_cut_copy_left() {
             .any(|l| l.contains("content sent") && l.contains(&sent)),
         "the copy did not resume from {half}:\n{log}"
     );
+}
+
+/// Revoke during a run, for a node whose session each of three coordinators holds, the command
+/// always given to the first: each session is cut within a second of the command (by the first
+/// coordinator at once, by the others when they look at the store), the run ends `lost` with
+/// reason `revoked` and its program never finishes, the agent logs one line and exits 78 (its
+/// unit's `RestartPreventExitStatus`); started again, it stops at once without dialing.
+#[test]
+fn revoke_cuts_the_session_on_every_coordinator_within_a_second() {
+    let mut fleet = Fleet::new(3);
+    let (effects, program) = fleet.effect_program("sleep 30");
+    let mut cut_after = Vec::new();
+    for via in 0..3 {
+        let name = format!("m{via}");
+        let a = fleet.add_agent(&name, via);
+        assert_eq!(
+            fleet.holder(a),
+            via,
+            "{name} holds its session at coordinator {via}"
+        );
+        let set = fleet.run(0, &name, &program, &name);
+        let running = wait_until(WAIT, || fleet.row(0, &set)["state"] == "running");
+        assert!(running, "{:#}", fleet.row(0, &set));
+        let said = testkit::ok(fleet.coords[0].command().args(["revoke", "--node", &name]));
+        let revoked = std::time::Instant::now();
+        assert!(
+            said.contains("is revoked: its key is refused from now on (1 run(s) ended lost)"),
+            "{said}"
+        );
+        let told = wait_until(WAIT, || {
+            fleet.agents[a].count("the fleet's operator ended this node") == 1
+        });
+        cut_after.push(revoked.elapsed());
+        assert!(told, "{name}: {}", fleet.agents[a].log_text());
+        let status = fleet.agents[a].wait_exit(WAIT).expect("the agent stops");
+        assert_eq!(status.code(), Some(78), "{}", fleet.agents[a].log_text());
+        let log = fleet.agents[a].log_text();
+        assert_eq!(
+            log.matches("the fleet's operator revoked this machine's key")
+                .count(),
+            1,
+            "{log}"
+        );
+        let row = fleet.row(0, &set);
+        assert_eq!(
+            (row["state"].as_str(), row["error"].as_str()),
+            (Some("lost"), Some("revoked"))
+        );
+        let node = (fleet.coords[0].nodes().into_iter())
+            .find(|n| n["name"] == name.as_str())
+            .unwrap();
+        assert_eq!(node["ended"]["end"], "revoked", "{node:#}");
+        // Started again, the agent stops at once: it never dials a coordinator.
+        let mut again = Agent::spawn(
+            &fleet.path(&format!("{name}-again.log")),
+            testkit::agent::machine_command(&fleet.path(&name)),
+        );
+        let status = again
+            .wait_exit(WAIT)
+            .expect("a revoked agent stops at start");
+        assert_eq!(status.code(), Some(78));
+        let log = again.log_text();
+        assert!(
+            log.contains("the fleet's operator revoked this machine's key"),
+            "{log}"
+        );
+        assert!(!log.contains("session"), "it never dialed: {log}");
+    }
+    eprintln!("sessions cut after: {cut_after:?}");
+    for (via, after) in cut_after.iter().enumerate() {
+        assert!(
+            *after < Duration::from_secs(1),
+            "the session held by coordinator {via} was cut {after:?} after the revoke"
+        );
+    }
+    assert!(
+        !std::fs::read_to_string(&effects)
+            .unwrap_or_default()
+            .contains('m'),
+        "no revoked run finished"
+    );
+}
+
+/// A coordinator started after a node's session began is told to the node in that session (no
+/// new welcome), and kept in its membership; once the first coordinator is SIGKILLed, the node
+/// redials the one it learned and the next run finishes there.
+#[test]
+fn a_coordinator_added_later_is_learned_in_session_and_taken_over_to() {
+    let mut fleet = Fleet::new(1);
+    let a = fleet.add_agent("m", 0);
+    let b = fleet.add_coordinator();
+    let b_addr = fleet.coords[b].addr.clone();
+    let learned = wait_until(WAIT, || {
+        fleet.agents[a].count("learned the fleet's coordinators") >= 1
+    });
+    assert!(learned, "{}", fleet.agents[a].log_text());
+    assert_eq!(
+        fleet.agents[a].count("session open"),
+        1,
+        "no new session was needed"
+    );
+    let membership = || std::fs::read_to_string(fleet.path("m/state/membership.json")).unwrap();
+    let kept = wait_until(WAIT, || membership().contains(&b_addr));
+    assert!(kept, "kept in the membership: {}", membership());
+    fleet.coords[0].kill();
+    let moved = wait_until(WAIT, || {
+        fleet.agents[a].count("session open") >= 2 && fleet.holder(a) == b
+    });
+    assert!(moved, "{}", fleet.agents[a].log_text());
+    let (effects, program) = fleet.effect_program("true");
+    let set = fleet.run(b, "m", &program, "after");
+    let rows = fleet.wait_final(b, &[set]);
+    assert_eq!(rows[0]["state"], "finished", "{:#}", rows[0]);
+    assert_each_executed_once(&effects, &["after".to_string()]);
+}
+
+/// A run submitted through a coordinator that has just started, before the one holding the
+/// node's session has heard of it (its sweep comes every 10 s here): that one asks the store which
+/// coordinators serve it now and copies the program from the new one; the run finishes once.
+#[test]
+fn a_run_through_a_coordinator_just_started_finds_its_content() {
+    let mut fleet = Fleet::with_flags(1, &["--heartbeat", "10s", "--lease", "30s"]);
+    fleet.add_agent("m", 0);
+    let b = fleet.start_coordinator();
+    let (effects, program) = fleet.effect_program("true");
+    let set = fleet.run(b, "m", &program, "fresh");
+    let rows = fleet.wait_final(b, &[set]);
+    assert_eq!(rows[0]["state"], "finished", "{:#}", rows[0]);
+    assert_each_executed_once(&effects, &["fresh".to_string()]);
+    let log = fleet.coords[0].log_text();
+    assert!(
+        log.contains("content copied from another coordinator"),
+        "{log}"
+    );
+}
+
+/// Content imported through one coordinator is held by a second before `run` returns
+/// (`--content-copies 2`, the default): that coordinator SIGKILLed and its data folder deleted
+/// while the run still waits for its node, the run finishes once, its program copied from the
+/// other holder.
+#[test]
+fn content_imported_through_a_coordinator_outlives_it() {
+    let mut fleet = Fleet::new(3);
+    let a = fleet.add_agent("m", 0);
+    let holder = fleet.holder(a);
+    let through = (holder + 1) % 3;
+    // The node busy with one run at a time, so the next one waits unstaged: nobody copies its
+    // program for a node before the coordinator it came through is gone.
+    testkit::ok(
+        fleet.coords[0]
+            .command()
+            .args(["capacity", "--node", "m", "--runs", "1"]),
+    );
+    let busy = script(&fleet.path("busy.sh"), "sleep 3");
+    let first = fleet.run(holder, "m", &busy, "busy");
+    let running = wait_until(WAIT, || fleet.row(holder, &first)["state"] == "running");
+    assert!(running, "{:#}", fleet.row(holder, &first));
+    let (effects, program) = fleet.effect_program("true");
+    let set = fleet.run(through, "m", &program, "kept");
+    let hex = fleet_coordinator::file_sha256(&program).unwrap();
+    let holders: Vec<usize> = (0..3)
+        .filter(|i| {
+            let blobs = fleet.path(&format!("coord-{i}/blobs"));
+            testkit::agent::files_under(&blobs)
+                .iter()
+                .any(|f| f.to_string_lossy().contains(&hex))
+        })
+        .collect();
+    assert!(holders.len() >= 2, "held by {holders:?} when run returned");
+    // Gone for good: killed, and its data folder deleted.
+    fleet.coords[through].kill();
+    std::fs::remove_dir_all(fleet.path(&format!("coord-{through}"))).unwrap();
+    let rows = fleet.wait_final(holder, &[set]);
+    assert_eq!(rows[0]["state"], "finished", "{:#}", rows[0]);
+    assert_each_executed_once(&effects, &["kept".to_string()]);
+}
+
+/// A rolling restart of three coordinators, twice over (SIGTERM, start, next), while 500 runs are
+/// sent to 20 real agents through whichever coordinator is up: every run executes exactly once
+/// (each appends its own run folder), every row ends finished, and after each restart every node
+/// holds a session again within two leases.
+#[test]
+fn a_rolling_restart_twice_over_loses_and_doubles_nothing() {
+    const AGENTS: usize = 20;
+    let mut fleet = Fleet::new(3);
+    for i in 0..AGENTS {
+        fleet.add_agent(&format!("w{i}"), i % 3);
+    }
+    let effects = fleet.path("effects");
+    let program = script(
+        &fleet.path("once.sh"),
+        &format!("echo \"$PWD\" >> {}", effects.display()),
+    );
+    let lease = Duration::from_secs(2);
+    let mut sets = Vec::new();
+    let mut back_after = Vec::new();
+    for (turn, repeat) in [5, 4, 4, 4, 4, 4].into_iter().enumerate() {
+        let restarted = turn % 3;
+        let through = (restarted + 1) % 3;
+        let out = testkit::ok(
+            fleet.coords[through]
+                .command()
+                .args(["run", "--all", "--repeat", &repeat.to_string(), "--program"])
+                .arg(&program),
+        );
+        sets.push(out.trim().to_string());
+        let opened: Vec<usize> = (0..AGENTS)
+            .map(|a| fleet.agents[a].count("session open"))
+            .collect();
+        let held_there: Vec<usize> = (0..AGENTS)
+            .filter(|&a| fleet.holder(a) == restarted)
+            .collect();
+        let exited = fleet.coords[restarted].restart_gracefully();
+        assert!(
+            exited.is_some_and(|s| s.success()),
+            "coordinator {restarted} exited {exited:?}"
+        );
+        let stopped = std::time::Instant::now();
+        let back = wait_until(WAIT, || {
+            held_there
+                .iter()
+                .all(|&a| fleet.agents[a].count("session open") > opened[a])
+        });
+        back_after.push(stopped.elapsed());
+        assert!(
+            back,
+            "the nodes of coordinator {restarted} never held a session again"
+        );
+    }
+    let rows = fleet.wait_final(0, &sets);
+    let runs: Vec<Value> = sets
+        .iter()
+        .flat_map(|set| {
+            let out = testkit::ok(
+                fleet.coords[0]
+                    .command()
+                    .args(["status", "--set", set, "--json"]),
+            );
+            serde_json::from_str::<Vec<Value>>(&out).unwrap()
+        })
+        .collect();
+    assert_eq!(rows.len(), sets.len());
+    assert_eq!(runs.len(), 500);
+    for row in &runs {
+        assert_eq!(row["state"], "finished", "{row:#}");
+    }
+    let lines = std::fs::read_to_string(&effects).unwrap_or_default();
+    let folders: std::collections::HashSet<&str> = lines.lines().collect();
+    assert_eq!(
+        lines.lines().count(),
+        500,
+        "each run once: {} lines",
+        lines.lines().count()
+    );
+    assert_eq!(folders.len(), 500, "no run twice");
+    eprintln!("nodes back after each restart: {back_after:?}");
+    for (turn, after) in back_after.iter().enumerate() {
+        assert!(
+            *after < 2 * lease,
+            "restart {turn}: the nodes were back only after {after:?}"
+        );
+    }
+}
+
+/// The database down while a node says hello: the node is told why in its own line (not "it does
+/// not know this node"), the coordinator logs it at WARN, and once the database is back the node
+/// holds a session again.
+#[test]
+fn a_hello_while_the_store_is_down_is_told_why() {
+    let mut fleet = Fleet::new(1);
+    let a = fleet.add_agent("m", 0);
+    fleet.agents[a].kill();
+    fleet.pg.stop();
+    let again = Agent::spawn(
+        &fleet.path("m-again.log"),
+        testkit::agent::machine_command(&fleet.path("m")),
+    );
+    let told = wait_until(WAIT, || {
+        again.count("session lost: the coordinator cannot serve a session now: ") >= 1
+    });
+    assert!(told, "{}", again.log_text());
+    assert_eq!(
+        again.count("it does not know this node"),
+        0,
+        "{}",
+        again.log_text()
+    );
+    let log = fleet.coords[0].log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("closed a connection without serving it: ")),
+        "{log}"
+    );
+    fleet.pg.start_again();
+    assert!(
+        again.wait_for("session open", 1, WAIT),
+        "{}",
+        again.log_text()
+    );
+}
+
+/// A coordinator started with `flags`, then the node `m` joined through the first and busy with
+/// one run at a time (a `sleep 2` out), and a run of `program` sent through the second, which
+/// alone holds the program (`--content-copies 1`); returns that run's set id. It cannot go out
+/// before the busy run ends.
+fn a_run_only_the_second_coordinator_holds(fleet: &mut Fleet, program: &Path) -> String {
+    fleet.add_agent("m", 0);
+    let a = fleet.agents.len() - 1;
+    assert_eq!(fleet.holder(a), 0);
+    testkit::ok(
+        fleet.coords[0]
+            .command()
+            .args(["capacity", "--node", "m", "--runs", "1"]),
+    );
+    let busy = script(&fleet.path("busy.sh"), "sleep 2");
+    let first = fleet.run(0, "m", &busy, "busy");
+    let running = wait_until(WAIT, || fleet.row(0, &first)["state"] == "running");
+    assert!(running, "{:#}", fleet.row(0, &first));
+    fleet.run(1, "m", program, "held-once")
+}
+
+/// Content whose only holder is away: the run waits (its row says why), it does not fail; once
+/// the holder is back, it is delivered and finishes once.
+#[test]
+fn a_run_whose_content_has_no_reachable_holder_waits_for_one() {
+    let mut fleet = Fleet::with_flags(2, &["--content-copies", "1"]);
+    let (effects, program) = fleet.effect_program("true");
+    let set = a_run_only_the_second_coordinator_holds(&mut fleet, &program);
+    fleet.coords[1].kill();
+    let hex = fleet_coordinator::file_sha256(&program).unwrap();
+    let waits = wait_until(WAIT, || {
+        let row = fleet.row(0, &set);
+        row["state"] == "waiting" && row["error"].as_str().is_some_and(|e| e.contains(&hex))
+    });
+    assert!(waits, "{:#}", fleet.row(0, &set));
+    fleet.coords[1].restart();
+    let rows = fleet.wait_final(0, &[set]);
+    assert_eq!(rows[0]["state"], "finished", "{:#}", rows[0]);
+    assert_each_executed_once(&effects, &["held-once".to_string()]);
+}
+
+/// Content whose every holder is gone for good: the run fails at the waiting timeout, its one
+/// line naming the digest; never a hang.
+#[test]
+fn a_run_whose_content_is_gone_fails_at_the_waiting_timeout_naming_it() {
+    let mut fleet = Fleet::with_flags(2, &["--content-copies", "1", "--waiting-timeout", "4s"]);
+    let (effects, program) = fleet.effect_program("true");
+    let set = a_run_only_the_second_coordinator_holds(&mut fleet, &program);
+    fleet.coords[1].kill();
+    std::fs::remove_dir_all(fleet.path("coord-1")).unwrap();
+    let rows = fleet.wait_final(0, &[set]);
+    let hex = fleet_coordinator::file_sha256(&program).unwrap();
+    let error = rows[0]["error"].as_str().unwrap_or_default();
+    assert_eq!(rows[0]["state"], "failed", "{:#}", rows[0]);
+    assert!(
+        error.starts_with("node ")
+            && error.contains("did not take the run within 4 s: ")
+            && error.contains(&hex),
+        "{error}"
+    );
+    assert!(!error.contains('\n'));
+    assert!(!effects.exists(), "it never ran");
 }

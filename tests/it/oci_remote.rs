@@ -93,12 +93,7 @@ fn multi_arch(layout: &Layout) -> Digest {
 }
 
 fn oci(args: &[&str]) -> Command {
-    let mut c = testkit::cmd("oci");
-    c.args(args)
-        .env_remove("OCI_CREDS")
-        .env("REGISTRY_AUTH_FILE", "/nonexistent-auth.json")
-        .env("DOCKER_CONFIG", "/nonexistent");
-    c
+    testkit::oci::cli(args)
 }
 
 /// Runs oci expecting success; returns its stdout trimmed.

@@ -423,3 +423,173 @@ fn a_failed_sbom_build_leaves_the_layout_as_it_was() {
         "the layout is byte for byte as it was"
     );
 }
+
+/// `oci verify REF --sbom` of `image`: its stdout, or its stderr when `good` is false.
+fn verify_sbom(image: &str, good: bool, extra: &[&str]) -> String {
+    let mut cmd = oci();
+    cmd.args(["verify", image, "--sbom"]).args(extra);
+    if good { ok(&mut cmd) } else { fails(&mut cmd) }
+}
+
+/// Attaches `doc` to `image` as an SBOM, as a CI step might (its own or a forged one).
+fn attach_sbom(dir: &Path, image: &str, name: &str, doc: &Value) {
+    let file = dir.join(name);
+    fs::write(&file, serde_json::to_vec(doc).unwrap()).unwrap();
+    ok(oci()
+        .args(["attach", image, "--artifact-type", "application/spdx+json"])
+        .args([
+            "--media-type",
+            "application/spdx+json",
+            "--file",
+            file.to_str().unwrap(),
+        ]));
+}
+
+#[test]
+fn verify_sbom_holds_each_sbom_against_the_layer_and_names_the_file_that_differs() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    make_tree(&root, "022", "@0");
+    let files_in_tree = fs::read_dir(&root).unwrap().count();
+    assert!(files_in_tree > 2, "a tree of several files");
+    let layout = tmp.path().join("layout");
+    let built = build(&layout, "app", &root, &["--sbom"]);
+    let image = format!("oci:{}:app", layout.display());
+    let good: Value = serde_json::from_slice(&sbom_of(&layout, &built)).unwrap();
+    let listed = good["files"].as_array().unwrap().len();
+
+    let said = verify_sbom(&image, true, &[]);
+    assert!(
+        said.starts_with(&format!(
+            "SBOM {} lists the {listed} files of layer sha256:",
+            built["sbom"]["digest"].as_str().unwrap()
+        )),
+        "{said}"
+    );
+    let json: Value = serde_json::from_str(&verify_sbom(&image, true, &["--json"])).unwrap();
+    assert_eq!(json["sboms"][0]["files"], listed);
+    assert_eq!(
+        json["sboms"][0]["layer"],
+        blob_json(&layout, built["manifest"]["digest"].as_str().unwrap())["layers"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["digest"]
+    );
+
+    // No SBOM at all.
+    let plain_layout = tmp.path().join("plain");
+    build(&plain_layout, "app", &root, &[]);
+    let plain = format!("oci:{}:app", plain_layout.display());
+    let said = verify_sbom(&plain, false, &[]);
+    assert_eq!(
+        said.trim(),
+        format!(
+            "oci: {plain} has no SPDX SBOM (no referrer of type application/spdx+json): build it with oci build --sbom or attach one"
+        )
+    );
+
+    // Forged SBOMs, each attached beside the good one to a copy of the image: a changed sum, a
+    // file left out, a file added, a mode changed, another image's SBOM.
+    let first = good["files"][0]["fileName"].as_str().unwrap().to_string();
+    let first_sha = good["files"][0]["checksums"][1]["checksumValue"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut changed = good.clone();
+    changed["files"][0]["checksums"][1]["checksumValue"] = Value::String("0".repeat(64));
+    let mut left_out = good.clone();
+    left_out["files"].as_array_mut().unwrap().remove(0);
+    let mut added = good.clone();
+    let mut extra = good["files"][0].clone();
+    extra["fileName"] = Value::String("./etc/backdoor".into());
+    added["files"].as_array_mut().unwrap().push(extra);
+    let mut mode = good.clone();
+    mode["files"][0]["comment"] = Value::String(
+        good["files"][0]["comment"]
+            .as_str()
+            .unwrap()
+            .rsplit_once(' ')
+            .unwrap()
+            .0
+            .to_string()
+            + " 4755",
+    );
+    let other_root = tmp.path().join("other-root");
+    fs::create_dir(&other_root).unwrap();
+    fs::write(other_root.join("x"), "x").unwrap();
+    let other_layout = tmp.path().join("other");
+    let other_built = build(&other_layout, "other", &other_root, &["--sbom"]);
+    let foreign: Value = serde_json::from_slice(&sbom_of(&other_layout, &other_built)).unwrap();
+    let other_digest = other_built["manifest"]["digest"].as_str().unwrap();
+    let cases = [
+        (
+            "changed",
+            changed,
+            format!(
+                "{first} has SHA-256 {} in the SBOM but {first_sha} in the layer",
+                "0".repeat(64)
+            ),
+        ),
+        (
+            "left-out",
+            left_out,
+            format!("{first} is in the layer but not in the SBOM"),
+        ),
+        (
+            "added",
+            added,
+            "./etc/backdoor is in the SBOM but not in the layer".to_string(),
+        ),
+        (
+            "mode",
+            mode,
+            format!("{first} has mode 4755 in the SBOM but"),
+        ),
+        (
+            "foreign",
+            foreign,
+            format!(
+                "it describes the image {other_digest}, not this one ({})",
+                built["manifest"]["digest"].as_str().unwrap()
+            ),
+        ),
+    ];
+    for (name, doc, why) in cases {
+        let copy = tmp.path().join(format!("copy-{name}"));
+        ok(Command::new("cp").arg("-a").arg(&layout).arg(&copy));
+        let target = format!("oci:{}:app", copy.display());
+        attach_sbom(tmp.path(), &target, &format!("{name}.spdx.json"), &doc);
+        let said = verify_sbom(&target, false, &[]);
+        assert_eq!(said.lines().count(), 1, "{name}: one line: {said}");
+        assert!(
+            said.starts_with("oci: the SBOM sha256:")
+                && said.contains(&format!(" of {target} does not match the image: {why}")),
+            "{name}: {said}"
+        );
+        // Nothing was changed by the check: the good SBOM still holds in the original.
+        verify_sbom(&image, true, &[]);
+    }
+}
+
+#[test]
+fn verify_sbom_reads_the_layer_from_a_registry() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    make_tree(&root, "022", "@0");
+    let layout = tmp.path().join("layout");
+    build(&layout, "app", &root, &["--sbom", "--compression", "zstd"]);
+    let reg = testkit::registry::Registry::plain();
+    let target = reg.image("team/app:v1");
+    ok(oci().args([
+        "copy",
+        &format!("oci:{}:app", layout.display()),
+        &target,
+        "--plain-http",
+    ]));
+    let said = verify_sbom(&target, true, &["--plain-http"]);
+    assert!(
+        said.starts_with("SBOM sha256:") && said.contains(" files of layer sha256:"),
+        "{said}"
+    );
+}

@@ -373,6 +373,25 @@ fn a_fleet_served_from_postgres_joins_and_finishes_a_run() {
     assert_eq!(row["state"], "finished", "{row:#}");
     assert_eq!(row["outcome"]["exit_code"], 0, "{row:#}");
 
+    // A folder no coordinator serves, on the same store: refused in one line before anything is
+    // imported, since no coordinator could send its program to a node.
+    let stray = dir.path().join("stray");
+    let refused = testkit::fails(
+        testkit::cmd("fleet-coordinator")
+            .arg("--data")
+            .arg(&stray)
+            .args(["--store", &url, "run", "--all", "--program"])
+            .arg(&program),
+    );
+    assert_eq!(
+        refused.trim(),
+        format!(
+            "fleet-coordinator: no coordinator serves {}: a run's program would stay in this folder, where no coordinator of the fleet can send it to a node; pass the --data folder of a serving coordinator, or start `fleet-coordinator serve` on this one",
+            stray.display()
+        )
+    );
+    assert!(testkit::agent::files_under(&stray.join("blobs")).is_empty());
+
     let db = database_of(&url);
     assert_eq!(pg.sql(db, "SELECT count(*) FROM nodes").trim(), "1");
     assert_eq!(

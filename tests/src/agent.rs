@@ -151,6 +151,21 @@ impl Coordinator {
         self.spawn();
     }
 
+    /// Stops it as an operator does (SIGTERM: its sessions are told to go, and it drains), waits
+    /// for it to exit, and starts it again on the same port and data; returns how it exited.
+    pub fn restart_gracefully(&mut self) -> Option<ExitStatus> {
+        let term = crate::output(
+            Command::new("kill")
+                .args(["-TERM", &self.pid().to_string()])
+                .stdin(Stdio::null()),
+        );
+        assert!(term.status.success(), "kill -TERM failed");
+        let exited = self.wait_exit(Duration::from_secs(60));
+        self.kill();
+        self.spawn();
+        exited
+    }
+
     /// `fleet-coordinator token` with extra flags; returns the join file's JSON text.
     pub fn token(&self, args: &[&str]) -> String {
         crate::ok(self.command().arg("token").args(args))
@@ -163,6 +178,16 @@ impl Coordinator {
             .expect("nodes --json prints JSON")
             .as_array()
             .expect("nodes --json prints an array")
+            .clone()
+    }
+
+    /// `status --set SET --json`: the set's rows.
+    pub fn rows(&self, set: &str) -> Vec<serde_json::Value> {
+        let out = crate::ok(self.command().args(["status", "--set", set, "--json"]));
+        serde_json::from_str::<serde_json::Value>(&out)
+            .expect("status --json prints JSON")
+            .as_array()
+            .expect("status --json prints an array")
             .clone()
     }
 

@@ -146,6 +146,16 @@ impl Postgres {
         self.pg_ctl("restart");
     }
 
+    /// Stops the server (fast: sessions are cut); [`Postgres::start_again`] brings it back.
+    pub fn stop(&self) {
+        self.pg_ctl("stop");
+    }
+
+    /// Starts a stopped server again on the same socket.
+    pub fn start_again(&self) {
+        self.pg_ctl("start");
+    }
+
     /// The folder holding the server's socket.
     pub fn socket_dir(&self) -> &Path {
         self.dir.path()

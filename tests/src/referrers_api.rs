@@ -322,28 +322,9 @@ mod tests {
     use super::*;
     use std::process::{Command, Stdio};
 
-    /// An answer read off a `Connection: close` exchange.
-    struct Reply {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-    }
+    use crate::oci::{Reply, push_blob};
 
-    impl Reply {
-        fn header(&self, name: &str) -> Option<&str> {
-            self.headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
-        }
-
-        fn json(&self) -> Value {
-            serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-                panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
-            })
-        }
-    }
-
+    /// One exchange with the stand-in, which answers with a length, never chunked.
     fn http(
         addr: SocketAddr,
         method: &str,
@@ -351,41 +332,7 @@ mod tests {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Reply {
-        let mut conn = TcpStream::connect(addr).expect("the stand-in listens");
-        conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-            .expect("can set a timeout");
-        let mut req = format!(
-            "{method} {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            body.len()
-        );
-        for (k, v) in headers {
-            req += &format!("{k}: {v}\r\n");
-        }
-        req += "\r\n";
-        conn.write_all(req.as_bytes()).expect("can send the head");
-        conn.write_all(body).expect("can send the body");
-        let mut raw = Vec::new();
-        conn.read_to_end(&mut raw).expect("can read the answer");
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(&raw)));
-        let head = String::from_utf8(raw[..split].to_vec()).expect("an ASCII head");
-        let mut lines = head.split("\r\n");
-        let status = lines
-            .next()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|s| s.parse().ok())
-            .expect("a status line");
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-            .collect();
-        let reply = Reply {
-            status,
-            headers,
-            body: raw[split + 4..].to_vec(),
-        };
+        let reply = crate::oci::http(addr, method, target, headers, body);
         assert_ne!(reply.header("transfer-encoding"), Some("chunked"));
         reply
     }
@@ -405,33 +352,6 @@ mod tests {
         let out = child.wait_with_output().expect("sha256sum runs");
         let hex = String::from_utf8(out.stdout).expect("hex");
         format!("sha256:{}", hex.split_whitespace().next().expect("a sum"))
-    }
-
-    fn push_blob(addr: SocketAddr, repo: &str, bytes: &[u8]) -> String {
-        let digest = sha256(bytes);
-        let r = http(
-            addr,
-            "POST",
-            &format!("/v2/{repo}/blobs/uploads/"),
-            &[],
-            b"",
-        );
-        assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
-        let location = r.header("location").expect("an upload location");
-        let path = match location.strip_prefix("http://") {
-            Some(rest) => &rest[rest.find('/').expect("a path")..],
-            None => location,
-        };
-        let sep = if path.contains('?') { '&' } else { '?' };
-        let r = http(
-            addr,
-            "PUT",
-            &format!("{path}{sep}digest={digest}"),
-            &[("Content-Type", "application/octet-stream")],
-            bytes,
-        );
-        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-        digest
     }
 
     /// Pushes `manifest` by digest (by `tag` when given); returns its digest, bytes and the reply.

@@ -1,4 +1,5 @@
-//! `cargo xtask ci`: installs what the tests need, then fmt, clippy, build and the whole suite.
+//! `cargo xtask ci`: installs what the tests need, then fmt, clippy, build, the whole suite and a
+//! short run of every fuzz target.
 use crate::{cross, util};
 use anyhow::Result;
 use std::process::Command;
@@ -48,6 +49,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "stress-ng",
 ];
 
+/// How long CI fuzzes each target (`cargo xtask fuzz --time`): with the nightly toolchain,
+/// cargo-fuzz and the instrumented build, about 10 minutes in all (docs/fuzzing.md).
+const FUZZ_SECONDS_PER_TARGET: u64 = 20;
+
 /// PyPI packages the tests use, as (import name, package name). `spdx-tools` is the SPDX
 /// project's validator (`pyspdxtools`), which checks the SBOMs of `oci build --sbom`.
 const PYTHON_PACKAGES: &[(&str, &str)] = &[("yaml", "PyYAML"), ("spdx_tools", "spdx-tools")];
@@ -85,6 +90,16 @@ pub fn run(busy: bool) -> Result<()> {
         }
     );
     drop(load);
+    // Every fuzz target from its seeds for a short fixed time (the suite above replayed the
+    // seeds and kept crashes on stable): a change that breaks a decoder's promise shows here.
+    // A fixed seed makes the same mutations each run, so CI judges the change, not its luck;
+    // new ground is for long runs (`cargo xtask fuzz --time 600`, docs/fuzzing.md).
+    crate::fuzz::run(
+        FUZZ_SECONDS_PER_TARGET,
+        None,
+        false,
+        &["-seed=1".to_string()],
+    )?;
     // Bundles are byte-identical from two checkouts at different paths (two release builds).
     cross::check_reproducible(Some("x86_64"))?;
     Ok(())

@@ -1,9 +1,10 @@
-//! `cargo xtask`: ci, demo, static cross builds, bundles, benchmarks and the soak.
+//! `cargo xtask`: ci, demo, static cross builds, bundles, benchmarks, the soak and fuzzing.
 mod bench;
 mod ci;
 mod cross;
 mod demo;
 mod fleet;
+mod fuzz;
 mod image;
 mod soak;
 mod util;
@@ -47,6 +48,21 @@ enum Task {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Fuzz the decoders of outside bytes with libFuzzer (nightly and cargo-fuzz are installed
+    /// when missing); a crash found is kept in fuzz/regressions and fails the task
+    Fuzz {
+        /// Seconds of fuzzing per target
+        #[arg(long, default_value_t = 60)]
+        time: u64,
+        /// Only this target (fuzz/fuzz_targets/TARGET.rs); every target when omitted
+        target: Option<String>,
+        /// Build with AddressSanitizer (slower to build and to run; the default is none)
+        #[arg(long)]
+        asan: bool,
+        /// Arguments for libFuzzer itself, after `--` (`-fork=1 -ignore_crashes=1`, `-jobs=2`)
+        #[arg(last = true)]
+        libfuzzer: Vec<String>,
+    },
     /// Kill the agent at random moments across many runs and check exactly-once
     Soak {
         /// How many kills
@@ -65,6 +81,12 @@ fn main() {
         Task::Image => image::run(),
         Task::Bench { which } => bench::run(which),
         Task::Soak { kills } => soak::run(kills),
+        Task::Fuzz {
+            time,
+            target,
+            asan,
+            libfuzzer,
+        } => fuzz::run(time, target.as_deref(), asan, &libfuzzer),
     };
     if let Err(err) = result {
         eprintln!("xtask: {err:#}");

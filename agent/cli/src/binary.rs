@@ -11,9 +11,25 @@ pub fn run(name: &str, format: LogFormat, body: impl FnOnce() -> anyhow::Result<
             tracing::error!("{err:#}");
         }
         eprintln!("{name}: {err:#}");
-        std::process::exit(1);
+        std::process::exit(err.downcast_ref::<ExitWith>().map_or(1, |e| e.status));
     }
 }
+
+/// A fatal error that ends the program with its own exit status (one a service manager reads,
+/// such as a unit's `RestartPreventExitStatus`) instead of 1.
+#[derive(Debug)]
+pub struct ExitWith {
+    pub status: i32,
+    pub message: String,
+}
+
+impl std::fmt::Display for ExitWith {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ExitWith {}
 
 /// One thread serves everything (the work is I/O bound and memory stays small); blocking calls
 /// go to tokio's blocking pool.

@@ -35,7 +35,7 @@ pub enum Command {
     UserData(UserDataArgs),
     /// Answer joins, sessions and bundle downloads on one port
     Serve(ServeArgs),
-    /// List the nodes: id, state, name, key, facts, last heartbeat
+    /// List the nodes: id, state, name, key, facts, last heartbeat, runs out
     Nodes(NodesArgs),
     /// Run a program or an image on one node or all of them; prints the set id
     Run(RunArgs),
@@ -50,6 +50,75 @@ pub enum Command {
     Replicate(ReplicateArgs),
     /// Show or set the fleet's signing policy: which keys must have signed an image it runs
     Policy(PolicyArgs),
+    /// Drain a node: it takes no new run and finishes what it holds (`Draining`, then
+    /// `Drained`); with --undrain it takes runs again
+    Drain(DrainArgs),
+    /// Set or remove a node's labels, which `run --where label.KEY=VALUE` selects by
+    Label(LabelArgs),
+    /// Set how many runs a node takes at once; runs past it wait, in order, for one to end
+    Capacity(CapacityArgs),
+    /// Take a node out of the fleet: its key is refused and its agent removes its state and its
+    /// unit and stops (refused while it holds runs, unless --discard)
+    Retire(RetireArgs),
+    /// Refuse a node's key at once on every coordinator (a stolen or compromised machine): its
+    /// session is cut, the runs it holds end lost, and its agent stops
+    Revoke(NodeArgs),
+    /// Remove the record of a retired, revoked or lost node
+    Forget(NodeArgs),
+}
+
+#[derive(Args)]
+pub struct NodeArgs {
+    /// The node, by id or name
+    #[arg(long)]
+    pub node: String,
+}
+
+#[derive(Args)]
+pub struct RetireArgs {
+    /// The node, by id or name
+    #[arg(long)]
+    pub node: String,
+    /// End the runs it holds as lost (reason `retired`) instead of refusing
+    #[arg(long)]
+    pub discard: bool,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("limit").required(true).args(["runs", "reset"])))]
+pub struct CapacityArgs {
+    /// The node, by id or name
+    #[arg(long)]
+    pub node: String,
+    /// Runs at once (at least 1; the agent's own --max-runs still applies when lower)
+    #[arg(long, value_name = "K")]
+    pub runs: Option<u32>,
+    /// Lift the operator's limit: as many runs as the agent allows
+    #[arg(long)]
+    pub reset: bool,
+}
+
+#[derive(Args)]
+pub struct LabelArgs {
+    /// The node, by id or name
+    #[arg(long)]
+    pub node: String,
+    /// Remove this label (repeatable)
+    #[arg(long, value_name = "KEY")]
+    pub remove: Vec<String>,
+    /// Labels to set, KEY=VALUE
+    #[arg(value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+}
+
+#[derive(Args)]
+pub struct DrainArgs {
+    /// The node, by id or name
+    #[arg(long)]
+    pub node: String,
+    /// Take the node back: it takes new runs again
+    #[arg(long)]
+    pub undrain: bool,
 }
 
 #[derive(Args)]
@@ -85,11 +154,23 @@ pub struct ReplicateArgs {
 #[derive(Args)]
 pub struct RunArgs {
     /// The node's id or name
-    #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+    #[arg(long, required_unless_present_any = ["all", "where_"], conflicts_with_all = ["all", "where_"])]
     pub node: Option<String>,
-    /// Every node
+    /// Every node (with --where, every node that matches)
     #[arg(long)]
     pub all: bool,
+    /// Only nodes whose facts and labels match, such as arch=arm64,gpus>=1,label.pool=lab
+    /// (keys: arch, os, kernel, version, name, cpus, gpus, memory, disk, cap, label.KEY)
+    #[arg(long = "where", value_name = "EXPR")]
+    pub where_: Option<String>,
+    /// With --where: how many matching nodes, least loaded first (default 1)
+    #[arg(long, requires = "where_", conflicts_with = "all", value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: Option<u32>,
+    /// With --where: a run lost because its machine went away (lease expired, retired with
+    /// --discard, revoked, forgotten) is placed again on another matching node, up to N times;
+    /// each attempt is its own row. An attempt runs at most once; a lost one may have run partly
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub retry_lost: u32,
     /// The program file to stage and run
     #[arg(long, required_unless_present = "image", conflicts_with = "image")]
     pub program: Option<PathBuf>,
@@ -226,6 +307,10 @@ pub struct ServeArgs {
     /// Connections served at once; past it new ones wait (default: the open-file limit less 256)
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: Option<u32>,
+    /// Content imported through this coordinator (a run's program and inputs) is held by this
+    /// many coordinators of the fleet, or all when fewer serve, before `run` records the runs
+    #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub content_copies: u32,
     /// On shutdown, how long connections get to finish before they are cut
     #[arg(long, default_value = "10s", value_parser = duration::parse)]
     pub shutdown_grace: Duration,
@@ -242,6 +327,12 @@ pub struct NodesArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// Only nodes in this state: joined, lost, failed, draining, drained, retired or revoked
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only nodes whose facts and labels match, as `run --where` reads them
+    #[arg(long = "where", value_name = "EXPR")]
+    pub where_: Option<String>,
 }
 
 #[cfg(debug_assertions)]

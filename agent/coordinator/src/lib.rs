@@ -16,6 +16,7 @@ pub mod metrics;
 mod nodes;
 pub mod operator;
 mod peer;
+pub mod placement;
 pub mod runs;
 pub mod serve;
 pub mod signing;
@@ -30,6 +31,6 @@ pub use coordinator::{
 };
 pub use error::CoordinatorError;
 pub use live::TicketRefusal;
-pub use nodes::{NodeState, NodeView, node_id};
+pub use nodes::{NodeFilter, NodeState, NodeStatus, NodeView, node_id};
 pub use peer::PeerError;
 pub use tokens::{TokenRequest, token_hash};

@@ -9,6 +9,7 @@ use fleet_coordinator::runs::{RunRequest, RunView};
 use fleet_coordinator::{self as coordinator, Coordinator, NodeView, StoreLocation, TokenRequest};
 use fleet_coordinator::{metrics, operator, serve, userdata};
 use fleet_proto::joinfile::JoinFile;
+use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::RunOptions;
 use std::io::Write;
 use std::path::Path;
@@ -72,13 +73,28 @@ fn run_coordinator(args: Cli) -> Result<()> {
             print!("{}", userdata::render(&join, &u.arch));
         }
         Command::Nodes(n) => {
-            let operator::Answer::Nodes(nodes) = operate(&place, operator::Request::Nodes)? else {
+            let filter = coordinator::NodeFilter {
+                status: (n.state.as_deref().map(str::parse))
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
+                place: selector(n.where_.as_deref())?,
+            };
+            let request = operator::Request::Nodes { filter };
+            let operator::Answer::Nodes(nodes) = operate(&place, request)? else {
                 return Err(mismatch("nodes"));
             };
             print_nodes(&n, nodes)?
         }
         Command::Serve(s) => serve_coordinator(&place, s)?,
         Command::Run(r) => {
+            // On a shared store, a program kept in a folder no coordinator serves could reach no
+            // node: refused before anything is imported.
+            if matches!(place.store, StoreLocation::Postgres(_)) && !operator::served(data) {
+                anyhow::bail!(
+                    "no coordinator serves {}: a run's program would stay in this folder, where no coordinator of the fleet can send it to a node; pass the --data folder of a serving coordinator, or start `fleet-coordinator serve` on this one",
+                    data.display()
+                );
+            }
             let request = run_request(&r, &coordinator::blobs(data))?;
             let operator::Answer::Run(set) = operate(&place, operator::Request::Run(request))?
             else {
@@ -137,6 +153,58 @@ fn run_coordinator(args: Cli) -> Result<()> {
             println!("{}", serde_json::to_string(&replicated)?);
         }
         Command::Policy(p) => policy(data, &p)?,
+        Command::Label(l) => {
+            let request = operator::Request::Label {
+                node: l.node.clone(),
+                set: l.labels.clone(),
+                remove: l.remove.clone(),
+            };
+            let node = changed_node(&place, request, "label")?;
+            let labels: Vec<String> = (node.labels.iter())
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            println!("{} {}", node.id, labels.join(","));
+        }
+        Command::Capacity(c) => {
+            let request = operator::Request::Capacity {
+                node: c.node.clone(),
+                runs: c.runs,
+            };
+            let node = changed_node(&place, request, "capacity")?;
+            match node.capacity {
+                Some(k) => println!(
+                    "{} takes {k} run(s) at once ({} out)",
+                    node.id, node.runs_out
+                ),
+                None => println!(
+                    "{} takes runs without a limit ({} out)",
+                    node.id, node.runs_out
+                ),
+            }
+        }
+        Command::Drain(d) => {
+            let request = operator::Request::Drain {
+                node: d.node.clone(),
+                undrain: d.undrain,
+            };
+            let node = changed_node(&place, request, "drain")?;
+            match node.drain {
+                None => println!("{} takes new runs again", node.id),
+                Some(_) => println!(
+                    "{} is {}: it takes no new run ({} out)",
+                    node.id, node.status, node.runs_out
+                ),
+            }
+        }
+        Command::Retire(r) => end_node(&place, &r.node, NodeEnd::Retired, r.discard)?,
+        Command::Revoke(r) => end_node(&place, &r.node, NodeEnd::Revoked, false)?,
+        Command::Forget(f) => {
+            let request = operator::Request::Forget {
+                node: f.node.clone(),
+            };
+            let node = changed_node(&place, request, "forget")?;
+            println!("{} is forgotten", node.id);
+        }
         Command::Stop(s) => {
             let operator::Answer::Stopped =
                 operate(&place, operator::Request::Stop { run: s.run.clone() })?
@@ -175,10 +243,19 @@ fn policy(data: &std::path::Path, args: &cli::PolicyArgs) -> Result<()> {
     Ok(())
 }
 
+/// A `--where` expression, refused in one line that names what it knows.
+fn selector(text: Option<&str>) -> Result<Option<fleet_coordinator::placement::Selector>> {
+    (text.map(fleet_coordinator::placement::Selector::parse))
+        .transpose()
+        .map_err(anyhow::Error::msg)
+}
+
 /// The run request, with the program and inputs streamed into the blob store first: this
 /// command shares the data folder with the serving coordinator, so it writes the blobs itself,
 /// one streamed copy of any size, and sends only their digests.
 fn run_request(r: &RunArgs, blobs: &fleet_content::Blobs) -> Result<RunRequest> {
+    // Read before any file is added to the blob store, so a bad expression changes nothing.
+    let place = selector(r.where_.as_deref())?;
     let import = |flag: &str, path: &std::path::Path| {
         blobs
             .import(path)
@@ -198,6 +275,9 @@ fn run_request(r: &RunArgs, blobs: &fleet_content::Blobs) -> Result<RunRequest> 
     Ok(RunRequest {
         node: r.node.clone(),
         all: r.all,
+        place,
+        count: r.count,
+        retry_lost: r.retry_lost,
         program: match &r.program {
             Some(program) => Some(import("--program", program)?),
             None => None,
@@ -282,7 +362,12 @@ fn print_status(place: &Place, s: &StatusArgs) -> Result<()> {
             r.node_id,
             r.state,
             exit,
-            r.error.as_deref().unwrap_or("")
+            match (&r.error, &r.retried_as, &r.waiting_for) {
+                (Some(error), Some(next), _) => format!("{error} (run again as {next})"),
+                (Some(error), None, _) => error.clone(),
+                (None, _, Some(why)) => why.to_string(),
+                (None, _, None) => String::new(),
+            }
         );
     }
     Ok(())
@@ -343,30 +428,76 @@ fn operate(place: &Place, request: operator::Request) -> Result<operator::Answer
     }
 }
 
+/// Sends an operator's change to a node and reads back the node as it now stands.
+/// Retires or revokes a node and says what became of it.
+fn end_node(place: &Place, node: &str, end: NodeEnd, discard: bool) -> Result<()> {
+    let request = operator::Request::End {
+        node: node.to_string(),
+        end,
+        discard,
+    };
+    let operator::Answer::Ended { node, lost } = operate(place, request)? else {
+        return Err(mismatch(end.as_str()));
+    };
+    println!(
+        "{} is {}: its key is refused from now on ({lost} run(s) ended lost)",
+        node.id,
+        end.as_str()
+    );
+    Ok(())
+}
+
+fn changed_node(place: &Place, request: operator::Request, what: &str) -> Result<Box<NodeView>> {
+    let operator::Answer::Node(node) = operate(place, request)? else {
+        return Err(mismatch(what));
+    };
+    Ok(node)
+}
+
 fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&nodes)?);
         return Ok(());
     }
     println!(
-        "{:<20} {:<7} {:<16} {:<8} {:>4} {:>4} {:<14} PUBLIC KEY",
-        "ID", "STATE", "NAME", "ARCH", "CPUS", "GPUS", "HEARTBEAT"
+        "{:<20} {:<8} {:<16} {:<8} {:>4} {:>4} {:>6} {:<8} {:<10} {:<14} {:<16} PUBLIC KEY",
+        "ID",
+        "STATE",
+        "NAME",
+        "ARCH",
+        "CPUS",
+        "GPUS",
+        "RUNS",
+        "IDLE",
+        "VERSION",
+        "HEARTBEAT",
+        "LABELS"
     );
     let now = fleet_proto::clock::now_ms();
+    let ago = |t: u64| format!("{} s", now.saturating_sub(t) / 1000);
     for n in nodes {
         let facts = n.facts.as_ref();
-        let beat = n.last_heartbeat_ms.map_or("never".to_string(), |t| {
-            format!("{} s ago", now.saturating_sub(t) / 1000)
-        });
+        let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
-            "{:<20} {:<7} {:<16} {:<8} {:>4} {:>4} {:<14} {}",
+            "{:<20} {:<8} {:<16} {:<8} {:>4} {:>4} {:>6} {:<8} {:<10} {:<14} {:<16} {}",
             n.id,
-            n.state.as_str(),
+            n.status,
             n.name.as_deref().unwrap_or("-"),
             facts.map_or("-", |f| f.arch.as_str()),
             facts.map_or(0, |f| f.cpus),
             facts.map_or(0, |f| f.accelerators.len()),
-            beat,
+            // Out of its capacity, when it has one: `3/4`.
+            n.capacity
+                .map_or(n.runs_out.to_string(), |c| format!("{}/{c}", n.runs_out)),
+            n.idle_since_ms.map_or("-".into(), ago),
+            facts.map_or("-", |f| f.agent_version.as_str()),
+            n.last_heartbeat_ms
+                .map_or("never".into(), |t| format!("{} ago", ago(t))),
+            if labels.is_empty() {
+                "-".into()
+            } else {
+                labels.join(",")
+            },
             n.error.as_deref().unwrap_or(&n.public_key)
         );
     }
@@ -390,6 +521,7 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         max_connections: (args.max_connections.map(|n| n as usize))
             .unwrap_or_else(default_max_connections),
         shutdown_grace: args.shutdown_grace,
+        content_copies: args.content_copies as usize,
     };
     binary::async_runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)

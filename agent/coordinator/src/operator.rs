@@ -4,6 +4,7 @@
 use crate::runs::{Collected, Replicated, RunView, SetView};
 use crate::{Coordinator, CoordinatorError, NodeView, TokenRequest};
 use fleet_proto::joinfile::JoinFile;
+use fleet_proto::protocol::NodeEnd;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,7 +23,10 @@ pub enum Request {
         request: TokenRequest,
         count: usize,
     },
-    Nodes,
+    Nodes {
+        #[serde(default)]
+        filter: crate::NodeFilter,
+    },
     Run(super::runs::RunRequest),
     Status {
         set: Option<String>,
@@ -38,12 +42,38 @@ pub enum Request {
         run: String,
     },
     Replicate(super::runs::ReplicateRequest),
+    /// `drain --node N [--undrain]`.
+    Drain {
+        node: String,
+        undrain: bool,
+    },
+    /// `capacity --node N (--runs K | --reset)`.
+    Capacity {
+        node: String,
+        runs: Option<u32>,
+    },
+    /// `label --node N K=V... [--remove K]...`.
+    Label {
+        node: String,
+        set: Vec<(String, String)>,
+        remove: Vec<String>,
+    },
+    /// `retire --node N [--discard]` and `revoke --node N`.
+    End {
+        node: String,
+        end: NodeEnd,
+        discard: bool,
+    },
+    /// `forget --node N`.
+    Forget {
+        node: String,
+    },
 }
 
 impl Request {
     /// Whether asking twice changes nothing.
     pub fn is_read_only(&self) -> bool {
-        matches!(self, Request::Nodes | Request::Status { .. })
+        matches!(self, Request::Nodes { .. } | Request::Status { .. })
     }
 }
 
@@ -60,6 +90,13 @@ pub enum Answer {
     Collected(Collected),
     Stopped,
     Replicated(Replicated),
+    /// A node as an operator's change (`drain`, `label`, `capacity`, `forget`) left it.
+    Node(Box<NodeView>),
+    /// A node retired or revoked, and how many of its runs ended lost with it.
+    Ended {
+        node: Box<NodeView>,
+        lost: u64,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -95,19 +132,29 @@ pub async fn handle(
             .replicate(&request)
             .await
             .map(Answer::Replicated),
-        // The signature is checked against the registry first, then the set is recorded.
-        Request::Run(req) => match coordinator.check_signature(&req).await {
-            Ok(signed_by) => tokio::task::spawn_blocking(move || {
-                coordinator.create_runs(&req, signed_by).map(Answer::Run)
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err(CoordinatorError::Request(format!(
-                    "the request did not complete: {e}"
-                )))
-            }),
-            Err(e) => Err(e),
-        },
+        // The signature is checked against the registry first, the content is held by enough
+        // coordinators of the fleet, then the set is recorded.
+        Request::Run(req) => {
+            let checked = async {
+                let signed_by = coordinator.check_signature(&req).await?;
+                if address.is_some() {
+                    coordinator.spread(&req.content()).await?;
+                }
+                Ok(signed_by)
+            };
+            match checked.await {
+                Ok(signed_by) => tokio::task::spawn_blocking(move || {
+                    coordinator.create_runs(&req, signed_by).map(Answer::Run)
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    Err(CoordinatorError::Request(format!(
+                        "the request did not complete: {e}"
+                    )))
+                }),
+                Err(e) => Err(e),
+            }
+        }
         request => {
             tokio::task::spawn_blocking(move || answer(&coordinator, address.as_deref(), request))
                 .await
@@ -137,7 +184,25 @@ fn answer(
         Request::Tokens { request, count } => coordinator
             .mint_tokens(&request, count, address)
             .map(Answer::Tokens),
-        Request::Nodes => coordinator.nodes().map(Answer::Nodes),
+        Request::Nodes { filter } => coordinator.nodes_matching(&filter).map(Answer::Nodes),
+        Request::Label { node, set, remove } => coordinator
+            .label(&node, &set, &remove)
+            .map(|n| Answer::Node(Box::new(n))),
+        Request::Capacity { node, runs } => coordinator
+            .set_capacity(&node, runs)
+            .map(|n| Answer::Node(Box::new(n))),
+        Request::Drain { node, undrain } => coordinator
+            .drain(&node, undrain)
+            .map(|n| Answer::Node(Box::new(n))),
+        Request::End { node, end, discard } => {
+            coordinator
+                .end_node(&node, end, discard)
+                .map(|(node, lost)| Answer::Ended {
+                    node: Box::new(node),
+                    lost,
+                })
+        }
+        Request::Forget { node } => coordinator.forget(&node).map(|n| Answer::Node(Box::new(n))),
         Request::Status { set, run } => coordinator
             .status(set.as_deref(), run.as_deref())
             .map(Answer::Status),
@@ -169,6 +234,11 @@ pub async fn listen(
     coordinator: Arc<Coordinator>,
     address: Option<String>,
 ) -> std::io::Result<()> {
+    // Bound early so no command races the socket, but answered only once this coordinator has
+    // recorded itself in the store: a run it takes must be findable by every other coordinator.
+    while !coordinator.sessions().accepting() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     loop {
         let (stream, _) = listener.accept().await?;
         let (coordinator, address) = (coordinator.clone(), address.clone());
@@ -191,6 +261,11 @@ pub async fn listen(
 }
 
 /// Sends a request to a serving coordinator; None when none is serving from `data`.
+/// Whether a coordinator serves `data` now (its operator socket answers a connection).
+pub fn served(data: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket_path(data)).is_ok()
+}
+
 pub fn call(data: &Path, request: &Request) -> Option<std::io::Result<Response>> {
     use std::io::{BufRead, Write};
     let stream = std::os::unix::net::UnixStream::connect(socket_path(data)).ok()?;

@@ -134,7 +134,65 @@ pub(crate) async fn pull(
     Ok(())
 }
 
+/// Has the coordinator at `address` keep a copy of the blob `digest` (it copies it from
+/// whichever coordinator holds it); returns once it holds it, checked.
+pub(crate) async fn ask_to_hold(
+    coordinator: &Coordinator,
+    address: &str,
+    digest: &Digest,
+) -> Result<(), PeerError> {
+    let failed = |reason: String| {
+        PeerError::Content(ContentError::Failed {
+            content: digest.to_string(),
+            reason,
+        })
+    };
+    let mut stream = dial(coordinator, address).await?;
+    protocol::write_msg(&mut stream, &Up::Hold { digest: *digest }).await?;
+    match protocol::read_msg::<_, Down>(&mut stream).await? {
+        Some(Down::Stored { digest: held }) if held == *digest => Ok(()),
+        Some(Down::ContentRefused { message }) => Err(failed(format!("{address}: {message}"))),
+        other => Err(failed(format!("{address} answered a hold with {other:?}"))),
+    }
+}
+
 impl Coordinator {
+    /// Has enough other coordinators of the fleet keep a copy of each of `digests` that the
+    /// fleet's `content_copies` hold it (or every coordinator, when fewer serve: one that does
+    /// not take the connection serves no more), so losing any one coordinator loses no content.
+    /// Err names each copy that failed.
+    pub(crate) async fn spread(&self, digests: &[Digest]) -> Result<(), crate::CoordinatorError> {
+        let wanted = self.fleet().content_copies().saturating_sub(1);
+        if wanted == 0 {
+            return Ok(());
+        }
+        self.learn_fleet_now().await;
+        let peers = self.fleet().peers();
+        for digest in digests {
+            let (mut held, mut away, mut failures) = (0, 0, Vec::new());
+            for address in &peers {
+                if held == wanted {
+                    break;
+                }
+                match ask_to_hold(self, address, digest).await {
+                    Ok(()) => held += 1,
+                    // Not listening any more: it serves no longer, whatever its last record says.
+                    Err(PeerError::Dial(DialError::Unreachable { .. })) => away += 1,
+                    Err(e) => failures.push(e.to_string()),
+                }
+            }
+            if held < wanted.min(peers.len() - away) {
+                return Err(crate::CoordinatorError::Request(format!(
+                    "{digest} is held by {} coordinator(s) of the {} asked for ({}); nothing was recorded: run it again once the fleet's coordinators answer",
+                    held + 1,
+                    wanted + 1,
+                    failures.join("; ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// A peer's relayed command, passed to the node whose session this coordinator holds. A
     /// collect's upload is let in here under the name the peer gave it, and kept as a blob by
     /// its digest, for the peer to copy.
@@ -162,6 +220,28 @@ impl Coordinator {
         answer
     }
 
+    /// Reads which coordinators serve the store now (those heard within `lease`) into the fleet
+    /// view; the sessions held here are told when the set changed.
+    pub(crate) fn learn_fleet(&self, lease: Duration) -> Result<(), crate::CoordinatorError> {
+        self.fleet().heard(members_now(self.store(), lease)?);
+        Ok(())
+    }
+
+    /// [`Coordinator::learn_fleet`] off the async thread, while serving; a failure is logged and
+    /// the view stays as it was.
+    async fn learn_fleet_now(&self) {
+        let Some(lease) = self.fleet().heard_within() else {
+            return;
+        };
+        match self
+            .with_store(move |store| members_now(store, lease))
+            .await
+        {
+            Ok(members) => self.fleet().heard(members),
+            Err(e) => tracing::warn!("reading the fleet's coordinators failed: {e}"),
+        }
+    }
+
     /// Makes sure the blob store holds `digest`, copying it from another coordinator of the
     /// fleet when it does not (content imported through one coordinator, asked for through
     /// another). Err says why it is still missing.
@@ -174,14 +254,25 @@ impl Coordinator {
         if self.blobs().has(digest) {
             return Ok(());
         }
-        let mut failures = Vec::new();
-        for address in self.fleet().peers() {
-            match pull(self, &address, digest).await {
-                Ok(()) => {
-                    tracing::info!(%digest, from = %address, "content copied from another coordinator");
-                    return Ok(());
+        let (mut failures, mut tried) = (Vec::new(), Vec::new());
+        // The members as last heard, then as the store says now: a coordinator that started
+        // since this one's last sweep (the one the content was imported through) is asked too.
+        for fresh in [false, true] {
+            if fresh {
+                self.learn_fleet_now().await;
+            }
+            for address in self.fleet().peers() {
+                if tried.contains(&address) {
+                    continue;
                 }
-                Err(e) => failures.push(e),
+                tried.push(address.clone());
+                match pull(self, &address, digest).await {
+                    Ok(()) => {
+                        tracing::info!(%digest, from = %address, "content copied from another coordinator");
+                        return Ok(());
+                    }
+                    Err(e) => failures.push(e),
+                }
             }
         }
         Err(match failures.is_empty() {
@@ -189,4 +280,13 @@ impl Coordinator {
             false => PeerError::Each(failures),
         })
     }
+}
+
+/// The coordinators the store says were heard within `lease`.
+fn members_now(
+    store: &crate::store::Store,
+    lease: Duration,
+) -> crate::store::StoreResult<Vec<String>> {
+    let since = fleet_proto::clock::now_ms().saturating_sub(lease.as_millis() as u64);
+    store.coordinators_since(since)
 }

@@ -24,6 +24,12 @@ pub struct RunRequest {
     pub node: Option<String>,
     #[serde(default)]
     pub all: bool,
+    /// Only nodes that match (with `all`, each of them; else `count` of them, least loaded first).
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    pub place: Option<crate::placement::Selector>,
+    /// How many matching nodes `place` picks (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
     /// The program to stage and run, by digest, already in the coordinator's blob store
     /// ([`fleet_content::Blobs::import`]); or else `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -40,6 +46,10 @@ pub struct RunRequest {
     /// Runs per selected node (default 1).
     #[serde(default = "one")]
     pub repeat: u32,
+    /// With `place` (not `all`): a run lost because its machine went away is placed again on
+    /// another matching node, up to this many times.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_lost: u32,
     /// For protocol-skew testing, in test builds only: each row's node gets this command object
     /// as-is, in place of the start (under the start's op id, so the node's answer settles it).
     #[cfg(debug_assertions)]
@@ -51,7 +61,19 @@ fn one() -> u32 {
     1
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 impl RunRequest {
+    /// The content its runs refer to by digest: the program, and the inputs.
+    pub fn content(&self) -> Vec<Digest> {
+        (self.program.iter())
+            .chain(self.options.inputs.iter().map(|(_, d)| d))
+            .copied()
+            .collect()
+    }
+
     /// The command to send in place of each start: only a test build has one.
     fn raw_command(&self) -> Option<serde_json::Value> {
         #[cfg(debug_assertions)]
@@ -93,6 +115,50 @@ pub struct RunView {
     /// The key whose signature the fleet's signing policy found on the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signed_by: Option<String>,
+    /// Which attempt of its run this row is (1 for the first; `run --retry-lost`).
+    #[serde(default = "one")]
+    pub attempt: u32,
+    /// The lost attempt this one replaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<RunId>,
+    /// Lost, and placed again as this attempt: whatever this row's node reports later stays
+    /// this row's history and never touches the new attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_as: Option<RunId>,
+    /// Why a waiting row waits, where its node says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<WaitingFor>,
+}
+
+/// Why a run still waits for its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum WaitingFor {
+    /// Queued for capacity: the node holds `held` runs not final (this one among them) and takes
+    /// `capacity` at once; the queue goes out in order as its runs end.
+    Capacity { held: u64, capacity: u32 },
+    /// The node lost its lease: the run goes out when it is back, or fails at the waiting timeout.
+    NodeAway,
+    /// Queued for a match: no node its expression matches was free of its set when it was asked
+    /// for; it goes to the first that joins, or fails at the waiting timeout.
+    Match,
+}
+
+impl std::fmt::Display for WaitingFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitingFor::Capacity { held, capacity } => write!(
+                f,
+                "queued for capacity: its node holds {held} runs not final and takes {capacity} at once"
+            ),
+            WaitingFor::NodeAway => {
+                f.write_str("its node is away: it goes out when the node is back")
+            }
+            WaitingFor::Match => {
+                f.write_str("queued for a match: it goes to the first node its --where matches")
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -128,6 +194,10 @@ impl From<RunRow> for RunView {
             created_ms: row.created_ms,
             updated_ms: row.updated_ms,
             signed_by: row.signed_by,
+            attempt: row.attempt,
+            previous: row.previous,
+            retried_as: row.retried_as,
+            waiting_for: None,
         }
     }
 }
@@ -194,7 +264,7 @@ fn random_id(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(raw))
 }
 
-fn new_run_id() -> RunId {
+pub(crate) fn new_run_id() -> RunId {
     // Cannot fail: `r-` and 12 hex digits is always a valid run id.
     RunId::parse(&random_id("r")).expect("r-HEX is a run id")
 }
@@ -267,22 +337,65 @@ impl Coordinator {
                 )));
             }
         }
+        let retry = match (&request.place, request.all, request.retry_lost) {
+            (_, _, 0) => None,
+            (_, _, _) if request.registry_auth.is_some() => {
+                return Err(bad(
+                    "--retry-lost cannot go with --registry-auth: the credential is let go once a node takes the run, so no later attempt could pull the image".into(),
+                ));
+            }
+            (Some(place), false, left) => Some(crate::store::Retry {
+                left,
+                place: place.clone(),
+            }),
+            _ => {
+                return Err(bad(
+                    "--retry-lost places a lost run again on another matching node: use it with --where EXPR (not --node or --all)".into(),
+                ));
+            }
+        };
         let nodes = self.store().nodes()?;
-        let selected: Vec<NodeId> = match (&request.node, request.all) {
-            (_, true) => nodes.iter().map(|n| n.id.clone()).collect(),
-            (Some(wanted), false) => nodes
-                .iter()
-                .filter(|n| n.id.as_str() == wanted || n.name.as_deref() == Some(wanted))
+        let selected: Vec<NodeId> = match (&request.node, request.all, &request.place) {
+            (None, all, Some(place)) => self.place(&nodes, place, all, request.count)?,
+            (Some(_), _, Some(_)) => {
+                return Err(bad("pass --node N or --where EXPR, not both".into()));
+            }
+            // A drained, retired or revoked node takes no new run: `--all` passes it by.
+            (_, true, None) => (nodes.iter())
+                .filter(|n| n.takes_runs())
                 .map(|n| n.id.clone())
                 .collect(),
-            (None, false) => {
-                return Err(CoordinatorError::Request("pass --node N or --all".into()));
+            (Some(wanted), false, None) => {
+                let named: Vec<_> = (nodes.iter())
+                    .filter(|n| n.id.as_str() == wanted || n.name.as_deref() == Some(wanted))
+                    .collect();
+                if let Some(ended) = named.iter().find_map(|n| n.ended) {
+                    return Err(bad(format!(
+                        "the node {wanted} is {} and takes no run: send it to another node",
+                        ended.end.as_str()
+                    )));
+                }
+                if let Some(drained) = named.iter().find(|n| n.drained_since_ms.is_some()) {
+                    return Err(bad(format!(
+                        "the node {wanted} ({}) is draining and takes no new run: send it to another node, or take it back with `fleet-coordinator drain --node {wanted} --undrain`",
+                        drained.id
+                    )));
+                }
+                named.iter().map(|n| n.id.clone()).collect()
+            }
+            (None, false, None) => {
+                return Err(CoordinatorError::Request(
+                    "pass --node N, --all or --where EXPR".into(),
+                ));
             }
         };
         if selected.is_empty() {
             return Err(CoordinatorError::Request(match &request.node {
                 Some(wanted) => {
                     format!("no node matches {wanted}: see `fleet-coordinator nodes`")
+                }
+                None if !nodes.is_empty() => {
+                    "every node is draining: take one back with `fleet-coordinator drain --node N --undrain`".into()
                 }
                 None => {
                     "no node has joined yet: mint a join file with `fleet-coordinator token`".into()
@@ -294,10 +407,11 @@ impl Coordinator {
         let runs: Vec<RunRow> = selected
             .iter()
             .flat_map(|node| std::iter::repeat_n(node.clone(), request.repeat.max(1) as usize))
-            .map(|node_id| RunRow {
+            .enumerate()
+            .map(|(position, node_id)| RunRow {
                 id: new_run_id(),
                 set_id: set_id.clone(),
-                node_id,
+                position: u32::try_from(position).unwrap_or(u32::MAX),
                 state: RunState::Waiting,
                 workload: workload.clone(),
                 needs_registry_auth: request.registry_auth.is_some(),
@@ -310,6 +424,14 @@ impl Coordinator {
                 events: Vec::new(),
                 raw_command: request.raw_command(),
                 signed_by: signed_by.clone(),
+                retry: retry.clone(),
+                attempt: 1,
+                previous: None,
+                retried_as: None,
+                queued_for: (node_id == crate::store::unplaced())
+                    .then(|| request.place.clone())
+                    .flatten(),
+                node_id,
             })
             .collect();
         let what = match &workload {
@@ -335,6 +457,38 @@ impl Coordinator {
         })
     }
 
+    /// The nodes `place` picks: joined, not drained, matching; with `all` every one, else
+    /// `count` (default 1) of them, those holding the fewest runs first, and [`unplaced`] for
+    /// each one asked for beyond those that match (queued for a match).
+    ///
+    /// [`unplaced`]: crate::store::unplaced
+    fn place(
+        &self,
+        nodes: &[NodeRecord],
+        place: &crate::placement::Selector,
+        all: bool,
+        count: Option<u32>,
+    ) -> Result<Vec<NodeId>, CoordinatorError> {
+        let out = self.store().runs_out()?;
+        let matching = crate::placement::candidates(nodes, &out, place, now_ms());
+        if all && matching.is_empty() {
+            return Err(CoordinatorError::Request(format!(
+                "0 of {} nodes match --where {place} (joined and not draining): widen the expression",
+                nodes.len()
+            )));
+        }
+        let wanted = match all {
+            true => matching.len(),
+            false => count.unwrap_or(1) as usize,
+        };
+        // Asked for more than match now: the rest wait, queued for a match.
+        let queued = wanted.saturating_sub(matching.len());
+        Ok((matching.iter().take(wanted))
+            .map(|(_, n)| n.id.clone())
+            .chain(std::iter::repeat_n(crate::store::unplaced(), queued))
+            .collect())
+    }
+
     /// The rows of a set, or the one row of a run.
     pub fn status(
         &self,
@@ -352,7 +506,47 @@ impl Coordinator {
                 ));
             }
         };
-        Ok(rows.into_iter().map(RunView::from).collect())
+        let waits = self.why_waiting(&rows)?;
+        Ok((rows.into_iter())
+            .map(|row| {
+                let waiting_for = waits
+                    .get(&row.node_id)
+                    .copied()
+                    .filter(|_| row.state == RunState::Waiting);
+                RunView {
+                    waiting_for,
+                    ..RunView::from(row)
+                }
+            })
+            .collect())
+    }
+
+    /// Why the nodes of the waiting rows among `rows` keep them waiting, where one can say: one
+    /// read of the nodes and one of the runs out, only when a row waits.
+    fn why_waiting(
+        &self,
+        rows: &[RunRow],
+    ) -> Result<HashMap<NodeId, WaitingFor>, CoordinatorError> {
+        let mut why = HashMap::new();
+        if rows.iter().all(|r| r.state != RunState::Waiting) {
+            return Ok(why);
+        }
+        why.insert(crate::store::unplaced(), WaitingFor::Match);
+        let (nodes, out, now) = (self.store().nodes()?, self.store().runs_out()?, now_ms());
+        for node in nodes {
+            let held = out.get(&node.id).copied().unwrap_or(0);
+            let reason = match node.capacity() {
+                _ if now >= node.lease_until_ms => Some(WaitingFor::NodeAway),
+                Some(capacity) if held > u64::from(capacity) => {
+                    Some(WaitingFor::Capacity { held, capacity })
+                }
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                why.insert(node.id, reason);
+            }
+        }
+        Ok(why)
     }
 
     /// Has the node upload a file from a run's folder into the blob store (refused past
@@ -584,6 +778,15 @@ impl Coordinator {
     /// Final-state sweep over `nodes` and the runs out (`active`), as just read: runs nobody took
     /// within `waiting_timeout` fail; runs whose node lost its lease (while this coordinator has
     /// been up long enough to know) are `lost`.
+    /// Wakes the sessions held here whose node has runs waiting: one read of the waiting index,
+    /// whatever the fleet's size.
+    pub(crate) fn wake_waiting_sessions(&self) {
+        match self.store().waiting_nodes() {
+            Ok(nodes) => self.sessions().wake(&nodes),
+            Err(e) => tracing::warn!("reading the waiting runs failed: {e}"),
+        }
+    }
+
     pub(crate) fn sweep(
         &self,
         nodes: &[NodeRecord],
@@ -595,6 +798,7 @@ impl Coordinator {
         let now = now_ms();
         let nodes: HashMap<&NodeId, u64> =
             (nodes.iter()).map(|n| (&n.id, n.lease_until_ms)).collect();
+        let mut retried = false;
         for row in active {
             let lease_until = nodes.get(&row.node_id).copied().unwrap_or(0);
             // A node whose session this coordinator holds was heard, whatever the store says yet
@@ -602,13 +806,20 @@ impl Coordinator {
             let held_here = self.sessions().holds(&row.node_id);
             let verdict = if row.state == RunState::Waiting {
                 (now > row.created_ms + waiting_timeout_ms).then(|| {
+                    let why = match &row.queued_for {
+                        Some(place) if row.node_id == crate::store::unplaced() => {
+                            format!("no other node matched --where {place}")
+                        }
+                        _ => format!("node {} did not take the run", row.node_id),
+                    };
+                    // Why it was not sent, when the session said (content with no holder).
+                    let last = row
+                        .error
+                        .as_ref()
+                        .map_or(String::new(), |e| format!(": {e}"));
                     (
                         RunState::Failed,
-                        format!(
-                            "node {} did not take the run within {} s",
-                            row.node_id,
-                            waiting_timeout_ms / 1000
-                        ),
+                        format!("{why} within {} s{last}", waiting_timeout_ms / 1000),
                     )
                 })
             } else {
@@ -624,6 +835,10 @@ impl Coordinator {
             };
             if let Some((state, reason)) = verdict {
                 let now = self.store().fail_run(&row.id, state, &reason)?;
+                if let Some(next) = now.as_ref().and_then(|r| r.retried_as.as_ref()) {
+                    tracing::info!(run_id = %row.id, %next, "a lost run is placed again");
+                    retried = true;
+                }
                 if let Some(ended) = now.filter(|r| r.state == state && r.error == Some(reason)) {
                     self.recorder().runs_moved(&[RunMoved {
                         state,
@@ -634,6 +849,14 @@ impl Coordinator {
                 }
                 self.credentials().release(&row.id);
             }
+        }
+        // Runs queued for a match go to the nodes that match now.
+        let placed = self.store().place_queued(now)?;
+        if !placed.is_empty() {
+            tracing::info!(runs = placed.len(), "runs queued for a match were placed");
+        }
+        if retried || !placed.is_empty() {
+            self.wake_waiting_sessions();
         }
         Ok(())
     }

@@ -6,11 +6,11 @@
 //! token (named only by its SHA-256) for `nodes`.
 use crate::http::FAILURE_PATH;
 use fleet_proto::joinfile::{DEFAULT_PATH, JoinFile};
+use fleet_proto::unit::ENDED_EXIT_STATUS;
 
 /// Where the bundle is unpacked on the machine.
 pub const INSTALL_DIR: &str = "/opt/octomy";
-/// Where the agent's unit is written.
-pub const UNIT_PATH: &str = "/etc/systemd/system/fleet-agent.service";
+pub use fleet_proto::unit::UNIT_PATH;
 /// The first words of the boot log's line when the bootstrap fails.
 pub const FAILED: &str = "fleet bootstrap failed:";
 
@@ -32,6 +32,8 @@ Type=exec
 ExecStart={INSTALL_DIR}/fleet-agent --head-less --join-file {DEFAULT_PATH}
 Restart=always
 RestartSec=2
+# Retired or revoked by the fleet's operator: never started again.
+RestartPreventExitStatus={ENDED_EXIT_STATUS}
 # Runs outlive a restart of the agent, which re-adopts them; the supervisor manages their cgroups.
 KillMode=process
 Delegate=yes

@@ -5,6 +5,11 @@
 //! whose session ends reconnects as the agent does: with the agent's backoff, to the next
 //! coordinator its join file names. It prints one JSON line of counters a second, for
 //! `cargo xtask bench fleet`.
+//!
+//! With `--flood` it is a hostile client instead (see [`flood`]): joins with a wrong token,
+//! `--rate` connections a second from `--sources` loopback addresses, for `cargo xtask bench flood`.
+mod flood;
+
 use anyhow::{Context, Result};
 use clap::Parser;
 use fleet_agent::identity::Identity;
@@ -34,6 +39,21 @@ struct Args {
     /// Stop after this long
     #[arg(long, default_value = "10m", value_parser = fleet_cli::duration::parse)]
     duration: Duration,
+    /// Flood the coordinator the first join file names with joins carrying a wrong token (the
+    /// real pinned TLS, one throwaway key) instead of simulating nodes
+    #[arg(long)]
+    flood: bool,
+    /// With --flood: connections started a second
+    #[arg(long, default_value_t = 10_000, requires = "flood")]
+    rate: u32,
+    /// With --flood: how many source addresses (127.0.1.1, 127.0.1.2, ...) the connections
+    /// come from, in turn
+    #[arg(long, default_value_t = 64, requires = "flood", value_parser = clap::value_parser!(u32).range(1..=60_000))]
+    sources: u32,
+    /// With --flood: connections open at once at most; an attempt due past it is skipped (and
+    /// counted)
+    #[arg(long, default_value_t = 4096, requires = "flood")]
+    flood_concurrency: usize,
 }
 
 /// What the nodes did so far, printed once a second.
@@ -79,6 +99,16 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    if args.flood {
+        let first = joins.first().context("the join files file is empty")?;
+        let flood = flood::Flood {
+            rate: args.rate,
+            sources: args.sources,
+            concurrency: args.flood_concurrency,
+            duration: args.duration,
+        };
+        return runtime.block_on(flood::run(first, flood));
+    }
     runtime.block_on(simulate(joins, &args))
 }
 
@@ -291,6 +321,8 @@ fn facts() -> Facts {
         os: "simulated".into(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         accelerators: Vec::new(),
+        // No limit declared, as an agent from before capacities: every run is sent at once.
+        max_runs: None,
         measured_link: None,
     }
 }

@@ -1,6 +1,7 @@
 //! The agent's life: prepare the state folder, load or make the node key, join once (or resume
 //! the membership), forget the join secrets, then keep a session open.
 use crate::dial::{Coordinators, DialError};
+use crate::ended::{self, EndedError};
 use crate::facts::FactsSource;
 use crate::identity::{self, IdentityError, Membership};
 use crate::join::{self, JoinError};
@@ -47,11 +48,19 @@ pub enum AgentError {
     State(#[from] crate::state::StateError),
     #[error(transparent)]
     Runtime(#[from] crate::runtime::RuntimeError),
+    /// The fleet's operator retired or revoked this node: the agent's last line.
+    #[error(transparent)]
+    Ended(#[from] EndedError),
 }
 
+/// Runs the agent until the fleet's operator ends its node ([`AgentError::Ended`]) or a fatal
+/// error; it never returns otherwise.
 pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentError> {
     let started = Instant::now();
     identity::prepare_state_dir(&config.state)?;
+    if let Some(ended) = ended::noted(&config.state) {
+        return Err(ended.into());
+    }
     let identity = Arc::new(identity::load_or_create(&config.state)?);
     let membership = match identity::load_membership(&config.state)? {
         Some(m) => {
@@ -137,7 +146,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
             tracing::warn!("cannot record the fleet's coordinators: {e}");
         }
     };
-    Ok(session::run(
+    let end = session::run(
         &identity,
         &membership,
         &coordinators,
@@ -146,7 +155,14 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         &node,
         &config.session,
     )
-    .await?)
+    .await?;
+    tracing::warn!(end = end.as_str(), "the fleet's operator ended this node");
+    let state = config.state.clone();
+    let ended = tokio::task::spawn_blocking(move || ended::carry_out(end, &state, &node))
+        .await
+        // Cannot fail: the task returns its outcome; it panics only on a bug, which should stop the agent.
+        .expect("carrying out the node's end does not panic");
+    Err(ended.into())
 }
 
 /// Opens the node's store and runtime, and re-adopts every run it knows: results missed while

@@ -41,6 +41,10 @@ pub struct AgentArgs {
     /// The tool that lists accelerators
     #[arg(long, default_value = "nvidia-smi")]
     pub accelerator_tool: PathBuf,
+    /// How many runs this machine takes at once, as it tells the coordinator (default: one per
+    /// CPU); the coordinator queues the rest
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs: Option<u32>,
     /// How long each session certificate is valid; renewed at two thirds
     #[arg(long, default_value = "10m", value_parser = duration::parse)]
     pub session_validity: Duration,

@@ -14,6 +14,7 @@ pub async fn collect(run_store: &Path, accelerator_tool: &Path) -> Facts {
     Facts {
         arch: std::env::consts::ARCH.to_string(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        max_runs: None,
         memory_bytes: mem_total().unwrap_or(0),
         disk_free_bytes: disk_free(run_store).unwrap_or(0),
         kernel: rustix::system::uname()
@@ -118,11 +119,15 @@ pub struct FactsSource {
     pub accelerator_tool: std::path::PathBuf,
     /// Artifact copies timed on this machine.
     pub link: std::sync::Arc<LinkMeter>,
+    /// `--max-runs`: how many runs it takes at once (None: one per CPU).
+    pub max_runs: Option<u32>,
 }
 
 impl FactsSource {
     pub async fn collect(&self) -> Facts {
         let mut facts = collect(&self.run_store, &self.accelerator_tool).await;
+        // One run per CPU unless told otherwise: the coordinator queues the rest.
+        facts.max_runs = Some(self.max_runs.unwrap_or(facts.cpus.max(1) as u32));
         facts.measured_link = self.link.published(std::time::Instant::now());
         facts
     }

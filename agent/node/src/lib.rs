@@ -7,6 +7,7 @@ pub mod agent;
 pub mod backoff;
 pub mod content;
 pub mod dial;
+pub mod ended;
 pub mod facts;
 pub mod identity;
 pub mod join;

@@ -24,6 +24,7 @@ fn run_agent(args: AgentArgs) -> Result<()> {
             run_store: args.run_store,
             accelerator_tool: args.accelerator_tool,
             link: Default::default(),
+            max_runs: args.max_runs,
         },
         artifact_root: args.artifact_root,
         session: SessionSettings {
@@ -37,6 +38,11 @@ fn run_agent(args: AgentArgs) -> Result<()> {
         tokio::select! {
             result = agent::run(config) => match result {
                 Ok(never) => match never {},
+                Err(agent::AgentError::Ended(ended)) => Err(binary::ExitWith {
+                    status: ended.status(),
+                    message: ended.to_string(),
+                }
+                .into()),
                 Err(e) => Err(e.into()),
             },
             _ = binary::stop_signal() => {

@@ -9,7 +9,7 @@ use crate::identity::{Identity, Membership};
 use crate::node::Node;
 use fleet_proto::OpId;
 use fleet_proto::protocol::{
-    self, Answer, Command, Down, FrameError, Refusal, RefusalClass, Reply, Up,
+    self, Answer, Command, Down, FrameError, NodeEnd, Refusal, RefusalClass, Reply, Up,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,9 +100,14 @@ enum Ended {
     NoWelcome,
     #[error("the node store failed: {0}")]
     Store(String),
+    #[error("the fleet's operator {} this node", .0.as_str())]
+    ByOperator(NodeEnd),
+    #[error("the coordinator cannot serve a session now: {0}")]
+    Unavailable(String),
 }
 
-/// Keeps a session open for as long as the process lives; returns only on a fatal error.
+/// Keeps a session open for as long as the process lives; returns only once the fleet's
+/// operator ended the node (retired or revoked it), or on a fatal error.
 pub async fn run(
     identity: &Identity,
     membership: &Membership,
@@ -111,7 +116,7 @@ pub async fn run(
     facts: &FactsSource,
     node: &Arc<Node>,
     settings: &SessionSettings,
-) -> Result<std::convert::Infallible, DialError> {
+) -> Result<NodeEnd, DialError> {
     let pinned = membership.coordinator_key.as_bytes().to_vec();
     let mut backoff = Backoff::new(settings.retry_base);
     loop {
@@ -128,6 +133,7 @@ pub async fn run(
         match session.run(&mut backoff).await {
             Ended::Renew => tracing::info!("session credential renewed"),
             Ended::Dial(e) if e.is_fatal() => return Err(e),
+            Ended::ByOperator(end) => return Ok(end),
             ended => {
                 let address = coordinators.current();
                 // The fleet's coordinators are equivalent: the next try goes to the next one.
@@ -187,6 +193,11 @@ impl Session<'_> {
             Ok(Err(_) | Ok(None)) => return Ended::Refused,
             Ok(Ok(Some(msg))) => msg,
         };
+        match welcome {
+            Down::Ended { end } => return Ended::ByOperator(end),
+            Down::Unavailable { message } => return Ended::Unavailable(message),
+            _ => {}
+        }
         let Down::Welcome {
             generation,
             heartbeat_ms,
@@ -289,6 +300,14 @@ impl Session<'_> {
                     Some(Ok(Some(Ok(Down::Command { op, generation: g, command })))) => {
                         if let Err(ended) = self.dispatch(writer, &mut working, op, g, command).await {
                             return ended;
+                        }
+                    }
+                    Some(Ok(Some(Ok(Down::Ended { end })))) => return Ended::ByOperator(end),
+                    Some(Ok(Some(Ok(Down::Coordinators { coordinators })))) => {
+                        // Kept with the membership, so a restarted agent knows them too.
+                        if self.coordinators.learn(&coordinators) {
+                            tracing::info!(?coordinators, "learned the fleet's coordinators");
+                            (self.remember)(self.coordinators.all());
                         }
                     }
                     Some(Ok(Some(Ok(Down::Ack { up_to })))) => {

@@ -12,6 +12,10 @@ pub struct Facts {
     pub os: String,
     pub agent_version: String,
     pub accelerators: Vec<Accelerator>,
+    /// How many runs the agent takes at once (`fleet-agent --max-runs`); absent when it sets
+    /// no limit of its own (and from agents before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runs: Option<u32>,
     /// The slowest whole artifact copy this machine made in the last hour, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_link: Option<MeasuredLink>,

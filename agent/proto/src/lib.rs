@@ -30,5 +30,6 @@ pub mod joinfile;
 pub mod pin;
 pub mod protocol;
 pub mod run;
+pub mod unit;
 
 pub use fleet_vocab::{Bytes, Digest, NodeId, OpId, RunId, UploadId};

@@ -54,6 +54,12 @@ pub enum Up {
         digest: Digest,
         offset: u64,
     },
+    /// From another coordinator of the same fleet (it proves the fleet's key): keep a copy of
+    /// the blob `digest`, copied from whichever coordinator holds it; answered [`Down::Stored`]
+    /// once it is held, checked, or [`Down::ContentRefused`].
+    Hold {
+        digest: Digest,
+    },
     /// From another coordinator of the same fleet (it proves the fleet's key): pass `command` to
     /// the node whose session this coordinator holds, and answer [`Down::Relayed`].
     Relay {
@@ -131,6 +137,43 @@ pub enum Down {
     Relayed {
         answer: Answer,
     },
+    /// Instead of a welcome: this coordinator cannot serve a session now (its store does not
+    /// answer), and why; the node tries again, here or at another coordinator.
+    Unavailable {
+        message: String,
+    },
+    /// In an open session: the fleet's coordinators now (`host:port`), sent whenever the set
+    /// changes, so a node learns a coordinator that came after its welcome.
+    Coordinators {
+        coordinators: Vec<String>,
+    },
+    /// The fleet's operator ended this node: its key is refused from now on, on every
+    /// coordinator. Sent instead of a welcome, or in an open session, which then ends.
+    Ended {
+        end: NodeEnd,
+    },
+}
+
+/// How the operator ended a node; either way its key is refused from then on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeEnd {
+    /// Taken out of the fleet on purpose (`fleet-coordinator retire`): the agent removes its
+    /// state and its unit and stops.
+    Retired,
+    /// Its key is no longer trusted (`fleet-coordinator revoke`): the agent stops, and keeps
+    /// what it holds for whoever looks at the machine.
+    Revoked,
+}
+
+impl NodeEnd {
+    /// As `nodes` shows it, and the reason a run it held was lost for.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeEnd::Retired => "retired",
+            NodeEnd::Revoked => "revoked",
+        }
+    }
 }
 
 /// What the coordinator asks of a node.

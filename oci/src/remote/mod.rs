@@ -10,6 +10,7 @@ pub mod manifests;
 pub mod verify;
 
 use crate::auth::Credential;
+use crate::text::one_line;
 use crate::tls::{TlsOptions, TlsSetup};
 use challenge::Challenge;
 pub use error::RemoteError;
@@ -419,7 +420,7 @@ pub async fn error_detail(resp: Response) -> String {
         .map(|e| {
             let code = e.get("code").and_then(|c| c.as_str()).unwrap_or("");
             let message = e.get("message").and_then(|m| m.as_str()).unwrap_or("");
-            format!("{code} {message}").trim().to_string()
+            one_line(&format!("{code} {message}"))
         })
         .collect();
     if !errors.is_empty() {
@@ -427,7 +428,7 @@ pub async fn error_detail(resp: Response) -> String {
     }
     // Not the registry's JSON: its first line of text, if short (a proxy's or TLS server's answer).
     let text = String::from_utf8_lossy(&bytes);
-    match text.lines().next().map(str::trim) {
+    match text.split(['\n', '\r']).next().map(one_line) {
         Some(line) if !line.is_empty() && line.len() <= 200 => format!(": {line}"),
         _ => String::new(),
     }

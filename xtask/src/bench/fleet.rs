@@ -276,7 +276,7 @@ fn time_diagnostics(log: &Path) -> Result<Diagnostics> {
 const REQUESTS: usize = 20;
 
 /// The metrics listener's `host:port`, from the coordinator's log line that names it.
-fn metrics_addr(log: &Path) -> Result<String> {
+pub(super) fn metrics_addr(log: &Path) -> Result<String> {
     let text = std::fs::read_to_string(log)?;
     (text.lines())
         .find_map(|l| l.split("serving metrics on http://").nth(1))
@@ -294,8 +294,15 @@ fn median_request_ms(addr: &str, path: &str) -> Result<f64> {
     Ok(times[REQUESTS / 2])
 }
 
-/// One GET of `path`, from connecting to its answer's last byte, in ms; it must answer 200.
-fn request_ms(addr: &str, path: &str) -> Result<f64> {
+/// One GET of `path` on `addr`, from connecting to its answer's last byte, in ms; it must
+/// answer 200.
+pub(super) fn request_ms(addr: &str, path: &str) -> Result<f64> {
+    Ok(get(addr, path)?.0)
+}
+
+/// One GET of `path` on `addr` (`connection: close`): the ms it took and the whole answer; it
+/// must answer 200.
+pub(super) fn get(addr: &str, path: &str) -> Result<(f64, String)> {
     use std::io::{Read, Write};
     let began = Instant::now();
     let mut stream = std::net::TcpStream::connect(addr)?;
@@ -306,11 +313,14 @@ fn request_ms(addr: &str, path: &str) -> Result<f64> {
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer)?;
     let took = began.elapsed().as_secs_f64() * 1000.0;
-    if !answer.starts_with(b"HTTP/1.1 200") {
-        let head = String::from_utf8_lossy(&answer[..answer.len().min(80)]).into_owned();
-        bail!("GET {path} was answered {head:?}");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    if !answer.starts_with("HTTP/1.1 200") {
+        bail!(
+            "GET {path} was answered {:?}",
+            answer.chars().take(80).collect::<String>()
+        );
     }
-    Ok(took)
+    Ok((took, answer))
 }
 
 /// One JSON-lines file of join files per coordinator: `nodes` tokens minted once every
@@ -441,7 +451,7 @@ fn wait_until(
 }
 
 /// User plus system CPU seconds the processes have used.
-fn cpu_seconds(pids: &[u32]) -> Result<f64> {
+pub(super) fn cpu_seconds(pids: &[u32]) -> Result<f64> {
     let mut total = 0.0;
     for pid in pids {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;

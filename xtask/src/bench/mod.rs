@@ -4,6 +4,7 @@ mod build;
 pub(crate) mod container;
 mod content;
 mod fleet;
+mod flood;
 mod postgres;
 pub(crate) mod registry;
 mod supervisor;
@@ -41,6 +42,23 @@ pub enum Which {
     },
     /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
     Content,
+    /// Joins with wrong tokens from many source addresses against a coordinator holding
+    /// sessions: its CPU, the sessions' heartbeat gaps, a good token's join meanwhile
+    Flood {
+        /// Connections a second
+        #[arg(long, default_value_t = 10_000)]
+        rate: u32,
+        /// Source addresses on loopback (127.0.1.1 up)
+        #[arg(long, default_value_t = 64)]
+        sources: u32,
+        /// How long the flood lasts
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Run the same flood against the coordinator built from this commit too, side by side
+        /// (e.g. the commit before the failed-join limiter)
+        #[arg(long)]
+        baseline: Option<String>,
+    },
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -57,5 +75,11 @@ pub fn run(which: Which) -> Result<()> {
             no_metrics,
         } => fleet::run(nodes, coordinators, store, !no_metrics),
         Which::Content => content::run(),
+        Which::Flood {
+            rate,
+            sources,
+            seconds,
+            baseline,
+        } => flood::run(rate, sources, seconds, baseline.as_deref()),
     }
 }

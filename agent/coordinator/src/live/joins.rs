@@ -2,6 +2,11 @@
 //! source past that has its new connections closed at accept, before any TLS work, until its
 //! allowance refills. What a flood of wrong tokens costs the coordinator is then an accept and
 //! a close, and sessions already held are untouched.
+//!
+//! A source whose allowance is short of whole pays for each new connection at accept, before
+//! its join is read, and is paid back once the connection proves to be anything but a failed
+//! join (a connection that never says what it is keeps what it paid): however many connections
+//! it opens at once, no more are served than its allowance holds.
 use super::guarded::Guarded;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -37,21 +42,37 @@ impl Allowance {
     }
 }
 
+/// What [`JoinLimits::admit`] decided for one new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Closed at accept: the source is past its allowance.
+    Refused,
+    /// Served, and the source owes nothing: its allowance is whole (it failed no join lately).
+    Free,
+    /// Served, charged one failed join in advance: the source's allowance is short of whole.
+    Charged,
+}
+
 impl JoinLimits {
-    /// Whether a new connection from `source` is served: false while the source is past its
-    /// allowance of failed joins (one line in the log for it every 10 s at most).
-    pub(crate) fn admits(&self, source: IpAddr) -> bool {
-        self.admits_at(source, Instant::now())
+    /// Whether a new connection from `source` is served: refused while the source is past its
+    /// allowance of failed joins (one line in the log for it every 10 s at most); charged one
+    /// failed join at once while its allowance is short of whole.
+    pub(crate) fn admit(&self, source: IpAddr) -> Admission {
+        self.admit_at(source, Instant::now())
     }
 
-    fn admits_at(&self, source: IpAddr, now: Instant) -> bool {
+    fn admit_at(&self, source: IpAddr, now: Instant) -> Admission {
         let mut sources = self.state.lock();
         let Some(allowance) = sources.get_mut(&source) else {
-            return true;
+            return Admission::Free;
         };
         allowance.refill(now);
+        if allowance.tokens >= BURST {
+            return Admission::Free;
+        }
         if allowance.tokens >= 1.0 {
-            return true;
+            allowance.tokens -= 1.0;
+            return Admission::Charged;
         }
         allowance.refused += 1;
         if allowance
@@ -67,12 +88,26 @@ impl JoinLimits {
             allowance.refused = 0;
             allowance.logged_at = Some(now);
         }
-        false
+        Admission::Refused
     }
 
-    /// A join from `source` that was refused (an unknown, expired or spent token).
-    pub(crate) fn failed(&self, source: IpAddr) {
-        self.failed_at(source, Instant::now());
+    /// A join from `source` that was refused (an unknown, expired or spent token), on a
+    /// connection admitted as `admitted`.
+    pub(crate) fn failed(&self, source: IpAddr, admitted: Admission) {
+        if admitted != Admission::Charged {
+            self.failed_at(source, Instant::now());
+        }
+    }
+
+    /// A connection admitted as `admitted` proved to be something other than a failed join (a
+    /// join that was answered, a session, a transfer, a download): what it was charged is paid
+    /// back.
+    pub(crate) fn not_failed(&self, source: IpAddr, admitted: Admission) {
+        if admitted == Admission::Charged
+            && let Some(allowance) = self.state.lock().get_mut(&source)
+        {
+            allowance.tokens = (allowance.tokens + 1.0).min(BURST);
+        }
     }
 
     fn failed_at(&self, source: IpAddr, now: Instant) {
@@ -117,17 +152,54 @@ mod tests {
         let limits = JoinLimits::default();
         let t0 = Instant::now();
         for _ in 0..BURST as usize {
-            assert!(limits.admits_at(ip(2), t0));
-            limits.failed_at(ip(2), t0);
+            let admitted = limits.admit_at(ip(2), t0);
+            assert_ne!(admitted, Admission::Refused);
+            limits.failed(ip(2), admitted);
         }
-        assert!(!limits.admits_at(ip(2), t0), "the burst is spent");
-        assert!(limits.admits_at(ip(3), t0), "another source is not touched");
+        assert_eq!(
+            limits.admit_at(ip(2), t0),
+            Admission::Refused,
+            "the burst is spent"
+        );
+        assert_eq!(
+            limits.admit_at(ip(3), t0),
+            Admission::Free,
+            "another source is not touched"
+        );
         let later = t0 + Duration::from_secs_f64(1.0 / REFILL_PER_SECOND);
-        assert!(limits.admits_at(ip(2), later), "one more a second");
-        limits.failed_at(ip(2), later);
-        assert!(!limits.admits_at(ip(2), later));
+        let admitted = limits.admit_at(ip(2), later);
+        assert_eq!(admitted, Admission::Charged, "one more a second");
+        limits.failed(ip(2), admitted);
+        assert_eq!(limits.admit_at(ip(2), later), Admission::Refused);
         let whole = later + Duration::from_secs(60);
-        assert!(limits.admits_at(ip(2), whole));
+        assert_eq!(
+            limits.admit_at(ip(2), whole),
+            Admission::Free,
+            "whole again"
+        );
+    }
+
+    #[test]
+    fn connections_opened_at_once_by_a_source_that_failed_are_served_no_more_than_its_allowance() {
+        let limits = JoinLimits::default();
+        let t0 = Instant::now();
+        limits.failed(ip(2), limits.admit_at(ip(2), t0));
+        // Many at once, none answered yet: each is paid for at accept.
+        let served: Vec<Admission> = (0..100)
+            .map(|_| limits.admit_at(ip(2), t0))
+            .filter(|a| *a != Admission::Refused)
+            .collect();
+        assert_eq!(served.len(), BURST as usize - 1);
+        // One proves to be a session: what it paid comes back, and one more is served.
+        limits.not_failed(ip(2), served[0]);
+        assert_eq!(limits.admit_at(ip(2), t0), Admission::Charged);
+        assert_eq!(limits.admit_at(ip(2), t0), Admission::Refused);
+        // The rest fail: already paid, not charged twice.
+        for admitted in &served[1..] {
+            limits.failed(ip(2), *admitted);
+        }
+        let later = t0 + Duration::from_secs_f64(1.0 / REFILL_PER_SECOND);
+        assert_eq!(limits.admit_at(ip(2), later), Admission::Charged);
     }
 
     #[test]
@@ -143,6 +215,6 @@ mod tests {
         limits.failed_at(ip(9), later);
         assert!(limits.tracked() < MAX_SOURCES);
         limits.failed_at(ip(9), later);
-        assert!(limits.admits_at(ip(9), later));
+        assert_ne!(limits.admit_at(ip(9), later), Admission::Refused);
     }
 }

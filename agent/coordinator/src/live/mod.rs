@@ -16,7 +16,7 @@ mod uploads;
 pub(crate) use beats::{Beats, beat_now};
 pub(crate) use credentials::Credentials;
 pub(crate) use fleet::FleetView;
-pub(crate) use joins::JoinLimits;
+pub(crate) use joins::{Admission, JoinLimits};
 pub(crate) use pulls::Pulls;
 pub(crate) use sessions::{NodeCall, SessionHandle, Sessions};
 pub use tickets::TicketRefusal;

@@ -2,10 +2,10 @@
 //! of the coordinator reaches a node through it (a call, a wake-up) and never holds it.
 use super::guarded::Guarded;
 use fleet_proto::NodeId;
-use fleet_proto::protocol::{Answer, Command};
+use fleet_proto::protocol::{Answer, Command, NodeEnd};
 use std::collections::HashMap;
 use std::sync::Arc;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 /// A request to a node through its live session, answered with the command's result.
 /// Boxed: the session's channel allocates its slots in blocks, which an idle session keeps.
@@ -18,15 +18,25 @@ pub(crate) struct SessionHandle {
     calls: mpsc::Sender<NodeCall>,
     /// Woken when runs may wait for the node: the session then reads its own waiting runs.
     wake: Arc<Notify>,
+    /// Set when the operator ends the node: the session tells it and ends.
+    end: watch::Sender<Option<NodeEnd>>,
 }
 
 impl SessionHandle {
-    pub(crate) fn new(generation: u64, calls: mpsc::Sender<NodeCall>, wake: Arc<Notify>) -> Self {
-        SessionHandle {
+    /// The handle, and what its session watches for the node's end.
+    pub(crate) fn new(
+        generation: u64,
+        calls: mpsc::Sender<NodeCall>,
+        wake: Arc<Notify>,
+    ) -> (Self, watch::Receiver<Option<NodeEnd>>) {
+        let (end, ending) = watch::channel(None);
+        let handle = SessionHandle {
             generation,
             calls,
             wake,
-        }
+            end,
+        };
+        (handle, ending)
     }
 }
 
@@ -76,6 +86,14 @@ impl Sessions {
         }
     }
 
+    /// Tells the node's session held here, if any, that the operator ended the node: it tells
+    /// the node and ends.
+    pub(crate) fn end(&self, node_id: &NodeId, end: NodeEnd) {
+        if let Some(session) = self.by_node.lock().get(node_id) {
+            session.end.send_replace(Some(end));
+        }
+    }
+
     /// The calls channel of the node's session, when this coordinator holds it.
     pub(crate) fn calls(&self, node_id: &NodeId) -> Option<mpsc::Sender<NodeCall>> {
         self.by_node.lock().get(node_id).map(|s| s.calls.clone())
@@ -107,11 +125,8 @@ mod tests {
     fn handle(generation: u64) -> (SessionHandle, mpsc::Receiver<NodeCall>, Arc<Notify>) {
         let (calls, inbox) = mpsc::channel(1);
         let wake = Arc::new(Notify::new());
-        (
-            SessionHandle::new(generation, calls, wake.clone()),
-            inbox,
-            wake,
-        )
+        let (handle, _) = SessionHandle::new(generation, calls, wake.clone());
+        (handle, inbox, wake)
     }
 
     #[test]

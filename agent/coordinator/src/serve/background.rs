@@ -38,6 +38,7 @@ pub(super) fn start(coordinator: &Arc<Coordinator>, config: &Arc<ServeConfig>) -
             BEAT_WRITES.min(config.heartbeat),
         )),
         tokio::spawn(wake_waiting_forever(coordinator.clone(), config.heartbeat)),
+        tokio::spawn(cut_ended_forever(coordinator.clone())),
     ];
     let listening = Arc::new(AtomicBool::new(true));
     listen_for_waiting(coordinator.clone(), listening.clone());
@@ -71,15 +72,6 @@ async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
     }
 }
 
-/// Wakes the sessions held here whose node has runs waiting: one read of the waiting index,
-/// whatever the fleet's size.
-fn wake_waiting_sessions(coordinator: &Coordinator) {
-    match coordinator.store().waiting_nodes() {
-        Ok(nodes) => coordinator.sessions().wake(&nodes),
-        Err(e) => tracing::warn!("reading the waiting runs failed: {e}"),
-    }
-}
-
 /// Runs created through another coordinator of the same database wake the sessions held here
 /// at once: that coordinator's commit notifies (PostgreSQL's NOTIFY), this thread hears it.
 /// A store only this coordinator opens has nobody to hear from, and the thread ends at once.
@@ -88,7 +80,7 @@ fn listen_for_waiting(coordinator: Arc<Coordinator>, serving: Arc<AtomicBool>) {
         while serving.load(Ordering::SeqCst) {
             match coordinator.store().wait_for_waiting(Duration::from_secs(1)) {
                 None => return,
-                Some(Ok(true)) => wake_waiting_sessions(&coordinator),
+                Some(Ok(true)) => coordinator.wake_waiting_sessions(),
                 Some(Ok(false)) => {}
                 Some(Err(e)) => {
                     tracing::warn!("listening for runs from the other coordinators failed: {e}");
@@ -112,8 +104,41 @@ async fn wake_waiting_forever(coordinator: Arc<Coordinator>, period: Duration) {
     loop {
         tick.tick().await;
         let waker = coordinator.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || wake_waiting_sessions(&waker)).await {
+        if let Err(e) = tokio::task::spawn_blocking(move || waker.wake_waiting_sessions()).await {
             tracing::warn!("waking the sessions with runs waiting did not complete: {e}");
+        }
+    }
+}
+
+/// How often a coordinator looks whether the operator ended a node through another coordinator:
+/// a revoked node's session is cut within a second wherever it is held.
+const ENDED_LOOK: Duration = Duration::from_millis(400);
+
+/// Cuts the sessions held here of nodes the operator ended through any coordinator of the fleet:
+/// one read of a counter each look, and the nodes read only when it changed.
+async fn cut_ended_forever(coordinator: Arc<Coordinator>) {
+    let mut tick = tokio::time::interval(ENDED_LOOK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = None;
+    loop {
+        tick.tick().await;
+        let (looker, before) = (coordinator.clone(), seen);
+        let looked = tokio::task::spawn_blocking(move || {
+            let ends = looker.store().node_ends()?;
+            if before != Some(ends) {
+                for node in looker.store().nodes()? {
+                    if let Some(ending) = node.ended {
+                        looker.sessions().end(&node.id, ending.end);
+                    }
+                }
+            }
+            Ok::<_, CoordinatorError>(ends)
+        })
+        .await;
+        match looked {
+            Ok(Ok(ends)) => seen = Some(ends),
+            Ok(Err(e)) => tracing::warn!("looking for nodes ended elsewhere failed: {e}"),
+            Err(e) => tracing::warn!("looking for nodes ended elsewhere did not complete: {e}"),
         }
     }
 }
@@ -124,13 +149,10 @@ pub(super) fn join_fleet(
     coordinator: &Coordinator,
     lease: Duration,
 ) -> Result<(), CoordinatorError> {
-    let now = now_ms();
     if let Some(address) = coordinator.fleet().address() {
-        coordinator.store().heard_coordinator(address, now)?;
+        coordinator.store().heard_coordinator(address, now_ms())?;
     }
-    let since = now.saturating_sub(lease.as_millis() as u64);
-    (coordinator.fleet()).heard(coordinator.store().coordinators_since(since)?);
-    Ok(())
+    coordinator.learn_fleet(lease)
 }
 
 /// Every heartbeat: fail runs nobody took in time, mark runs of silent nodes `lost`, and let go

@@ -103,6 +103,14 @@ impl Connections {
         Drained { open, ended, cut }
     }
 
+    /// Waits for a connection to end, logging it if it panicked; pending while none is open.
+    pub(super) async fn ended(&mut self) {
+        match self.tasks.join_next().await {
+            Some(task) => note_panic(task),
+            None => std::future::pending().await,
+        }
+    }
+
     /// Forgets the connections that ended, logging one that panicked.
     fn reap(&mut self) {
         while let Some(task) = self.tasks.try_join_next() {

@@ -5,11 +5,13 @@ use super::ServeConfig;
 use super::link::{self, Stopping};
 use crate::content::{Asker, refuse};
 use crate::error::Dropped;
+use crate::live::Admission;
+use crate::store::NodeRecord;
 use crate::{Coordinator, node_id, token_hash};
 use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::Secret;
 use fleet_proto::pin::{self, CertInfo};
-use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, Up};
+use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, NodeEnd, Up};
 use fleet_proto::{Digest, NodeId, UploadId};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -28,6 +30,7 @@ pub(super) async fn handle_tls(
     tls: tokio_rustls::TlsAcceptor,
     stream: TcpStream,
     source: std::net::SocketAddr,
+    admitted: Admission,
     stopping: Stopping,
 ) -> Result<(), Dropped> {
     // The handshake and the first read in an allocation of their own, freed once they are done:
@@ -39,14 +42,20 @@ pub(super) async fn handle_tls(
     } = Box::pin(open(tls, stream)).await?;
     // Another coordinator of the fleet proves the fleet's own key.
     let peer = cert.key == coordinator.key().public_key_raw();
+    // What a source that failed joins paid at accept comes back unless this is a failed join.
+    let joins = coordinator.joins();
+    if !matches!(first, Up::Join { .. }) {
+        joins.not_failed(source.ip(), admitted);
+    }
     // Every connection's task is as large as the largest of these; a session lives for weeks
     // and the rest for one transfer, so only the session's future is held in place and each
     // other one gets an allocation of its own while it lasts.
     match first {
         Up::Join { token, .. } => {
             let joined = Box::pin(join(coordinator, config, stream, &cert, &token)).await;
-            if let Err(Dropped::NotAllowed(_)) = &joined {
-                coordinator.joins().failed(source.ip());
+            match &joined {
+                Err(Dropped::NotAllowed(_)) => joins.failed(source.ip(), admitted),
+                _ => joins.not_failed(source.ip(), admitted),
             }
             joined
         }
@@ -56,6 +65,7 @@ pub(super) async fn handle_tls(
         Up::Relay { node_id, command } if peer => {
             Box::pin(relay(coordinator, stream, &node_id, command)).await
         }
+        Up::Hold { digest } if peer => Box::pin(hold(coordinator, stream, &digest)).await,
         Up::Copy { digest, offset } if peer => {
             let mut stream = stream;
             Box::pin(coordinator.send_content(&mut stream, Asker::Peer, &digest, offset)).await
@@ -85,6 +95,15 @@ pub(super) async fn handle_tls(
         _ => Err(Dropped::Protocol(
             "a first message that is neither join, hello, fetch nor upload".into(),
         )),
+    }
+}
+
+/// A peer asks this coordinator to keep a copy of a blob: it copies it from whichever coordinator
+/// holds it, and says so once it is held.
+async fn hold(coordinator: &Coordinator, mut stream: Tls, digest: &Digest) -> Result<(), Dropped> {
+    match coordinator.ensure_blob(digest).await {
+        Ok(()) => Ok(protocol::write_msg(&mut stream, &Down::Stored { digest: *digest }).await?),
+        Err(e) => refuse(&mut stream, e.to_string()).await,
     }
 }
 
@@ -148,7 +167,7 @@ async fn fetch(
     offset: u64,
     ticket: Option<String>,
 ) -> Result<(), Dropped> {
-    known_node(coordinator, cert, node_id).await?;
+    live_node(coordinator, cert, node_id).await?;
     // Content imported through another coordinator of the fleet is copied here first.
     if let Err(e) = coordinator.ensure_blob(digest).await {
         tracing::warn!(%node_id, %digest, "content not found in the fleet: {e}");
@@ -172,7 +191,7 @@ async fn receive(
     upload: &UploadId,
     size: u64,
 ) -> Result<(), Dropped> {
-    known_node(coordinator, cert, node_id).await?;
+    live_node(coordinator, cert, node_id).await?;
     let lock = match coordinator.uploads().expected(upload, node_id) {
         Ok(lock) => lock,
         Err(refusal) => return refuse(&mut stream, refusal.to_string()).await,
@@ -217,12 +236,12 @@ fn peer_cert(stream: &Tls) -> Option<CertInfo> {
 }
 
 /// A session or content connection is a known node's only when its certificate carries the
-/// key that node joined with.
+/// key that node joined with; answers the node's record.
 pub(super) async fn known_node(
     coordinator: &Coordinator,
     cert: &CertInfo,
     node_id: &NodeId,
-) -> Result<(), Dropped> {
+) -> Result<NodeRecord, Dropped> {
     let id = node_id.clone();
     let node = coordinator
         .with_store(move |store| store.node(&id))
@@ -235,5 +254,25 @@ pub(super) async fn known_node(
             "a connection for {node_id} from another key"
         )));
     }
-    Ok(())
+    Ok(node)
+}
+
+/// A content connection of a node the operator ended is refused: its tickets are void.
+async fn live_node(
+    coordinator: &Coordinator,
+    cert: &CertInfo,
+    node_id: &NodeId,
+) -> Result<(), Dropped> {
+    match known_node(coordinator, cert, node_id).await?.ended {
+        Some(ending) => Err(ended(node_id, ending.end)),
+        None => Ok(()),
+    }
+}
+
+/// Why a connection of an ended node is dropped, for the coordinator's log.
+pub(super) fn ended(node_id: &NodeId, end: NodeEnd) -> Dropped {
+    Dropped::NotAllowed(format!(
+        "a connection for {node_id}, which the operator {}",
+        end.as_str()
+    ))
 }

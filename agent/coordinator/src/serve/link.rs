@@ -4,14 +4,14 @@
 //! read is refused alone. It ends when the node goes, its credential lapses, or the coordinator
 //! stops ([`Stopping`]).
 use super::ServeConfig;
-use super::first::known_node;
+use super::first::{ended, known_node};
 use crate::Coordinator;
 use crate::error::Dropped;
 use crate::live::{NodeCall, SessionHandle, beat_now};
-use crate::store::{Applied, Beat, Change, NodeEvent, RunRow, StoreError};
+use crate::store::{Applied, Beat, Change, NodeEvent, StoreError};
 use fleet_proto::clock::now_ms;
 use fleet_proto::pin::{CLOCK_SKEW, CertInfo};
-use fleet_proto::protocol::{self, Answer, Command, Down, StartRun, Up};
+use fleet_proto::protocol::{self, Answer, Command, Down, NodeEnd, StartRun, Up};
 use fleet_proto::run::Workload;
 use fleet_proto::{NodeId, OpId, RunId};
 use std::collections::{HashMap, HashSet};
@@ -31,6 +31,24 @@ async fn stopped(stopping: &mut Stopping) {
     let _ = stopping.wait_for(|stop| *stop).await.map(drop);
 }
 
+/// Tells a node saying hello that this coordinator cannot serve it now, and why; answers the
+/// reason the connection is dropped.
+async fn unavailable(stream: &mut TlsStream<TcpStream>, e: StoreError) -> Dropped {
+    let message = e.to_string();
+    let _ = protocol::write_msg(stream, &Down::Unavailable { message }).await;
+    Dropped::Store(e)
+}
+
+/// Resolves with the node's end once the operator ends it; never, once a newer session of the
+/// node took its place (the handle that would say so is gone).
+async fn ended_by_operator(ending: &mut watch::Receiver<Option<NodeEnd>>) -> NodeEnd {
+    let end = ending.wait_for(Option::is_some).await.map(|end| *end);
+    match end {
+        Ok(Some(end)) => end,
+        _ => std::future::pending().await,
+    }
+}
+
 pub(super) async fn session(
     coordinator: &Coordinator,
     config: &ServeConfig,
@@ -39,7 +57,15 @@ pub(super) async fn session(
     node_id: NodeId,
     stopping: Stopping,
 ) -> Result<(), Dropped> {
-    known_node(coordinator, &cert, &node_id).await?;
+    let node = match known_node(coordinator, &cert, &node_id).await {
+        Err(Dropped::Store(e)) => return Err(unavailable(&mut stream, e).await),
+        node => node?,
+    };
+    if let Some(ending) = node.ended {
+        let told = Down::Ended { end: ending.end };
+        protocol::write_msg(&mut stream, &told).await?;
+        return Err(ended(&node_id, ending.end));
+    }
     // The certificate is dated by the node's clock, which may be hours off: only its length
     // counts, and the session lapses that long from now by this coordinator's clock.
     let longest = (config.max_session_validity + CLOCK_SKEW).as_secs() as i64;
@@ -56,31 +82,37 @@ pub(super) async fn session(
         )));
     }
     let lease_ms = config.lease.as_millis() as u64;
-    let opened = coordinator
+    let opened = match coordinator
         .commits()
         .submit(Change::OpenSession {
             node_id: node_id.clone(),
             lease_until_ms: now_ms() + lease_ms,
             at: coordinator.fleet().address().map(str::to_string),
         })
-        .await?;
+        .await
+    {
+        Err(e) => return Err(unavailable(&mut stream, e).await),
+        Ok(opened) => opened,
+    };
     let Applied::Generation(generation) = opened else {
         return Err(Dropped::Store(StoreError::Db(format!(
             "opening a session was answered with {opened:?}"
         ))));
     };
+    // Watched from before the welcome names them, so no change in between goes untold.
+    let mut members = coordinator.fleet().watch();
     let welcome = Down::Welcome {
         generation,
         heartbeat_ms: config.heartbeat.as_millis() as u64,
         lease_ms,
-        coordinators: coordinator.fleet().members(),
+        coordinators: members.borrow_and_update().clone(),
     };
     protocol::write_msg(&mut stream, &welcome).await?;
     tracing::info!(%node_id, generation, at = ?coordinator.fleet().address(), "session open");
     let lapses = tokio::time::Instant::now() + Duration::from_secs(length as u64);
     let (calls_tx, calls) = mpsc::channel(16);
     let wake = Arc::new(Notify::new());
-    let handle = SessionHandle::new(generation, calls_tx, wake.clone());
+    let (handle, ending) = SessionHandle::new(generation, calls_tx, wake.clone());
     // Given up when the session ends, unless a newer session of the node took its place.
     let _registered = coordinator.sessions().register(&node_id, handle);
     let (reader, writer) = tokio::io::split(stream);
@@ -93,9 +125,15 @@ pub(super) async fn session(
         staged: HashSet::new(),
         inflight: HashMap::new(),
         next_op: 0,
+        members,
     };
-    link.serve(reader, calls, &wake, lapses, config.lease, stopping)
+    link.serve(reader, calls, &wake, ending, lapses, stopping)
         .await
+}
+
+/// A run's start, under an op id that stays the same in every session.
+fn start_op(run_id: &RunId) -> OpId {
+    OpId::new(format!("start-{run_id}"))
 }
 
 /// What an answered operation was for.
@@ -116,6 +154,8 @@ struct Link<'a, W> {
     staged: HashSet<String>,
     inflight: HashMap<OpId, Pending>,
     next_op: u64,
+    /// The fleet's coordinators: the node is told whenever the set changes.
+    members: watch::Receiver<Vec<String>>,
 }
 
 const BATCH: usize = 256;
@@ -126,10 +166,11 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         reader: R,
         mut calls: mpsc::Receiver<NodeCall>,
         wake: &Notify,
+        mut ending: watch::Receiver<Option<NodeEnd>>,
         lapses: tokio::time::Instant,
-        lease: Duration,
         mut stopping: Stopping,
     ) -> Result<(), Dropped> {
+        let lease = Duration::from_millis(self.lease_ms);
         let node_id = self.node_id.clone();
         // A reader task of its own: a read cancelled halfway through a frame would lose it. The
         // messages are boxed: a channel allocates its slots in blocks, and an idle session should
@@ -171,6 +212,14 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                         return Ok(());
                     }
                     _ = wake.notified() => self.dispatch().await?,
+                    Ok(()) = self.members.changed() => {
+                        let coordinators = self.members.borrow_and_update().clone();
+                        protocol::write_msg(&mut self.writer, &Down::Coordinators { coordinators }).await?;
+                    }
+                    end = ended_by_operator(&mut ending) => {
+                        protocol::write_msg(&mut self.writer, &Down::Ended { end }).await?;
+                        return Err(ended(&node_id, end));
+                    }
                     Some(call) = calls.recv() => {
                         let (command, reply) = *call;
                         let op = self.op_id("call");
@@ -220,26 +269,54 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         Ok(protocol::write_msg(&mut self.writer, &msg).await?)
     }
 
-    /// Sends every run waiting for this node that is not in flight yet, staging its program first.
+    /// Sends the runs waiting for this node that are not in flight yet, oldest first, as many as
+    /// its capacity has room for, staging each program first. The rest stay waiting, queued for
+    /// capacity, until a run of the node ends.
     async fn dispatch(&mut self) -> Result<(), Dropped> {
         let node_id = self.node_id.clone();
         let read = (self.coordinator)
-            .with_store(move |store| store.waiting_runs(&node_id))
+            .with_store(move |store| store.dispatch_view(&node_id))
             .await;
         // A store that cannot be read now costs no session: the next wake-up or poll looks again.
-        let waiting: Vec<RunRow> = match read {
-            Ok(waiting) => waiting,
+        let (waiting, out, node) = match read {
+            Ok(view) => view,
             Err(e) => {
                 tracing::warn!(node_id = %self.node_id, "cannot read the runs waiting: {e}");
                 return Ok(());
             }
         };
+        // Taken by the node (out, not waiting), or sent and not answered yet: each holds a slot.
+        let sent = (waiting.iter())
+            .filter(|r| self.inflight.contains_key(&start_op(&r.id)))
+            .count() as u64;
+        let taken = out.saturating_sub(waiting.len() as u64);
+        let mut room = match node.and_then(|n| n.capacity()) {
+            Some(capacity) => u64::from(capacity).saturating_sub(taken + sent),
+            None => u64::MAX,
+        };
         for run in waiting {
             // Stable op ids: a start redelivered in a later session is answered from the node's record.
-            let op = OpId::new(format!("start-{}", run.id));
+            let op = start_op(&run.id);
             if self.inflight.contains_key(&op) {
                 continue;
             }
+            if room == 0 {
+                break;
+            }
+            // The node fetches the content from this coordinator: without a reachable holder
+            // the run waits (saying why) and is tried again at the next look.
+            if let Err(reason) = self.content_ready(&run).await {
+                tracing::warn!(node_id = %self.node_id, run_id = %run.id, "a run waits for its content: {reason}");
+                let (id, why) = (run.id.clone(), reason.to_string());
+                let noted = (self.coordinator)
+                    .with_store(move |store| store.note_waiting(&id, &why))
+                    .await;
+                if let Err(e) = noted {
+                    tracing::warn!(run_id = %run.id, "cannot note why a run waits: {e}");
+                }
+                continue;
+            }
+            room -= 1;
             if let Workload::Program(program) = &run.workload
                 && self.staged.insert(program.to_string())
             {
@@ -348,6 +425,10 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             };
             self.coordinator.recorder().runs_moved(&moved);
             protocol::write_msg(&mut self.writer, &Down::Ack { up_to }).await?;
+            // A run that ended frees a slot of the node's capacity for the next one waiting.
+            if moved.iter().any(|m| m.state.is_final()) {
+                self.dispatch().await?;
+            }
         }
         Ok(())
     }
@@ -365,6 +446,18 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
 
     async fn commit(&self, change: Change) -> Result<Applied, Dropped> {
         Ok(self.coordinator.commits().submit(change).await?)
+    }
+
+    /// Whether this coordinator holds every blob the run needs, copied from another coordinator
+    /// of the fleet when it did not.
+    async fn content_ready(
+        &self,
+        run: &crate::store::RunRow,
+    ) -> Result<(), crate::peer::PeerError> {
+        for digest in run.content() {
+            self.coordinator.ensure_blob(&digest).await?;
+        }
+        Ok(())
     }
 
     /// A run whose registry credential is gone (the coordinator restarted before the node took

@@ -8,6 +8,8 @@ mod connections;
 mod first;
 mod link;
 
+use crate::error::Dropped;
+use crate::live::Admission;
 use crate::{Coordinator, http};
 use connections::Connections;
 use fleet_proto::pin;
@@ -34,6 +36,9 @@ pub struct ServeConfig {
     pub waiting_timeout: Duration,
     /// Connections served at once; each holds an open file.
     pub max_connections: usize,
+    /// Content imported through this coordinator is held by this many coordinators of the fleet
+    /// (or all, when fewer serve) before `run` records the runs that need it.
+    pub content_copies: usize,
     /// On shutdown, how long connections get to finish before they are cut.
     pub shutdown_grace: Duration,
 }
@@ -52,7 +57,10 @@ pub async fn serve(
     );
     let config = Arc::new(config);
     coordinator.credentials().open(config.waiting_timeout);
-    coordinator.fleet().serve_at(&config.advertise);
+    coordinator
+        .fleet()
+        .serve_at(&config.advertise, config.lease);
+    coordinator.fleet().hold_copies(config.content_copies);
     let (joined, lease) = (coordinator.clone(), config.lease);
     tokio::task::spawn_blocking(move || background::join_fleet(&joined, lease))
         .await
@@ -75,6 +83,9 @@ pub async fn serve(
         };
         let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
+            // A connection that ended is forgot now, and one whose task panicked logged now,
+            // not at the next accept.
+            () = connections.ended() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -85,7 +96,8 @@ pub async fn serve(
             },
         };
         // A source past its allowance of failed joins is closed before any TLS work.
-        if !coordinator.joins().admits(peer.ip()) {
+        let admitted = coordinator.joins().admit(peer.ip());
+        if admitted == Admission::Refused {
             drop(stream);
             continue;
         }
@@ -97,14 +109,31 @@ pub async fn serve(
             let peeked = stream.peek(&mut first);
             match tokio::time::timeout(first::FIRST_MESSAGE_TIMEOUT, peeked).await {
                 Ok(Ok(1)) if first[0] == TLS_HANDSHAKE => {
-                    let handled =
-                        first::handle_tls(&coordinator, &config, tls, stream, peer, stopping);
-                    if let Err(reason) = handled.await {
-                        tracing::info!(%peer, "closed a connection without answering: {reason}");
+                    let handled = first::handle_tls(
+                        &coordinator,
+                        &config,
+                        tls,
+                        stream,
+                        peer,
+                        admitted,
+                        stopping,
+                    );
+                    match handled.await {
+                        Ok(()) => {}
+                        // This coordinator's own fault, not the other side's: an operator's matter.
+                        Err(reason @ Dropped::Store(_)) => {
+                            tracing::warn!(%peer, "closed a connection without serving it: {reason}");
+                        }
+                        Err(reason) => {
+                            tracing::info!(%peer, "closed a connection without answering: {reason}");
+                        }
                     }
                 }
                 // Rare and short: its own allocation, so it does not size every session's task.
-                Ok(Ok(1)) => Box::pin(http::handle(&coordinator, &config.bundles, stream)).await,
+                Ok(Ok(1)) => {
+                    coordinator.joins().not_failed(peer.ip(), admitted);
+                    Box::pin(http::handle(&coordinator, &config.bundles, stream)).await
+                }
                 _ => {}
             }
         });

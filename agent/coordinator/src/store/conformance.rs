@@ -7,9 +7,11 @@
 //!
 //! The checks panic on the first broken rule, naming it.
 use super::{
-    Applied, Backend, Beat, BootstrapFailure, Change, KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow,
-    SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord,
+    Applied, Backend, Beat, BootstrapFailure, Change, EndOutcome, Ending, ForgetOutcome,
+    KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult,
+    TokenRecord,
 };
+use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
 
 use fleet_proto::{Digest, NodeId, RunId};
@@ -80,6 +82,26 @@ pub const RULES: &[(&str, Rule)] = &[
         "changes_applied_together_each_answered",
         changes_applied_together_each_answered,
     ),
+    (
+        "a_drain_is_kept_and_refuses_new_runs",
+        a_drain_is_kept_and_refuses_new_runs,
+    ),
+    (
+        "a_capacity_is_kept_and_runs_go_out_in_order",
+        a_capacity_is_kept_and_runs_go_out_in_order,
+    ),
+    (
+        "ending_a_node_loses_its_runs_and_forget_removes_it",
+        ending_a_node_loses_its_runs_and_forget_removes_it,
+    ),
+    (
+        "a_lost_run_with_retries_is_placed_again_once",
+        a_lost_run_with_retries_is_placed_again_once,
+    ),
+    (
+        "runs_queued_for_a_match_go_to_distinct_matching_nodes",
+        runs_queued_for_a_match_go_to_distinct_matching_nodes,
+    ),
 ];
 
 /// Runs every rule against fresh backends from `blank`.
@@ -92,8 +114,10 @@ pub fn run_all(blank: Blank) {
 
 const KEY_A: &str = "ed25519:key-a";
 const KEY_B: &str = "ed25519:key-b";
+const KEY_C: &str = "ed25519:key-c";
 const NODE_A: &str = "n-a";
 const NODE_B: &str = "n-b";
+const NODE_C: &str = "n-c";
 
 fn open(blank: Blank, keep: u64) -> Store {
     Store::open(blank(), keep).expect("a blank backend opens as a store")
@@ -127,6 +151,7 @@ pub fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u6
     RunRow {
         id: rid(id),
         set_id: set_id.into(),
+        position: 0,
         node_id: node_id.into(),
         state: RunState::Waiting,
         workload: Workload::Program(digest(program)),
@@ -140,10 +165,21 @@ pub fn run(id: &str, set_id: &str, node_id: &str, program: &[u8], created_ms: u6
         events: Vec::new(),
         raw_command: None,
         signed_by: None,
+        retry: None,
+        attempt: 1,
+        previous: None,
+        retried_as: None,
+        queued_for: None,
     }
 }
 
 /// Records a set of `runs`.
+/// A node joined and in a session whose lease lasts past the test.
+fn join_live(store: &Store, node_id: &str, key: &str) {
+    join(store, node_id, key);
+    store.open_session(&nid(node_id), u64::MAX / 2).unwrap();
+}
+
 fn create(store: &Store, set_id: &str, runs: &[RunRow]) {
     store.create_set(set_id, runs).unwrap();
 }
@@ -372,6 +408,7 @@ pub fn sessions_and_heartbeats(blank: Blank) {
         os: "debian".into(),
         agent_version: "test".into(),
         accelerators: Vec::new(),
+        max_runs: Some(2),
         measured_link: None,
     };
     store
@@ -568,8 +605,8 @@ pub fn accept_with_error_fails_waiting_run(blank: Blank) {
     assert!(store.waiting_runs(&nid(NODE_A)).unwrap().is_empty());
 }
 
-/// The runs waiting for a node: its own, not accepted yet, not final, oldest first (by id among
-/// runs created at the same time).
+/// The runs waiting for a node: its own, not accepted yet, not final, oldest first (among runs
+/// created at the same time, by set, then in the set's order).
 pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     join(&store, NODE_A, KEY_A);
@@ -607,8 +644,8 @@ pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
     };
     assert_eq!(
         ids(NODE_A),
-        ["r-aa", "r-b", "r-f", "r-a"],
-        "by age, then by id"
+        ["r-b", "r-aa", "r-f", "r-a"],
+        "by age, then by set"
     );
     assert_eq!(ids(NODE_B), ["r-e"]);
     assert!(ids("n-other").is_empty());
@@ -1042,4 +1079,330 @@ fn moved_states(answer: &StoreResult<Applied>) -> Vec<RunState> {
         Ok(Applied::Events { moved, .. }) => moved.iter().map(|m| m.state).collect(),
         other => panic!("events were answered with {other:?}"),
     }
+}
+
+/// A drain keeps its first time, survives a session and a heartbeat, refuses a set with a run
+/// for the node (nothing recorded), and goes with an undrain; runs out are counted per node.
+pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    join(&store, NODE_B, KEY_B);
+    create(
+        &store,
+        "s1",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            run("r2", "s1", NODE_A, b"p", 2),
+            run("r3", "s1", NODE_B, b"p", 3),
+        ],
+    );
+    let counts = store.runs_out().unwrap();
+    assert_eq!(counts.get(&nid(NODE_A)), Some(&2));
+    assert_eq!(counts.get(&nid(NODE_B)), Some(&1));
+    assert!(
+        store
+            .set_drain(&nid("n-unknown"), Some(5))
+            .unwrap()
+            .is_none()
+    );
+    let drained = store.set_drain(&nid(NODE_A), Some(5)).unwrap().unwrap();
+    assert_eq!(drained.drained_since_ms, Some(5));
+    let again = store.set_drain(&nid(NODE_A), Some(9)).unwrap().unwrap();
+    assert_eq!(
+        again.drained_since_ms,
+        Some(5),
+        "a drain keeps its first time"
+    );
+    store.open_session(&nid(NODE_A), 10_000).unwrap();
+    store
+        .write_leases(&[Beat {
+            node_id: nid(NODE_A),
+            at_ms: 20,
+            lease_until_ms: 20_000,
+        }])
+        .unwrap();
+    let node = store.node(&nid(NODE_A)).unwrap().unwrap();
+    assert_eq!(
+        node.drained_since_ms,
+        Some(5),
+        "kept across a session and a beat"
+    );
+    let refused = store.create_set(
+        "s2",
+        &[
+            run("r4", "s2", NODE_B, b"p", 4),
+            run("r5", "s2", NODE_A, b"p", 5),
+        ],
+    );
+    assert!(
+        matches!(&refused, Err(StoreError::Refused(why)) if why.contains("n-a is draining")),
+        "{refused:?}"
+    );
+    assert!(store.set_runs("s2").unwrap().is_none(), "nothing recorded");
+    assert_eq!(store.runs_out().unwrap().get(&nid(NODE_B)), Some(&1));
+    store
+        .apply_events(&nid(NODE_A), &[event(1, "r1", RunState::Finished)])
+        .unwrap();
+    assert_eq!(store.runs_out().unwrap().get(&nid(NODE_A)), Some(&1));
+    let back = store.set_drain(&nid(NODE_A), None).unwrap().unwrap();
+    assert_eq!(back.drained_since_ms, None);
+    create(&store, "s3", &[run("r6", "s3", NODE_A, b"p", 6)]);
+    assert_eq!(store.runs_out().unwrap().get(&nid(NODE_A)), Some(&2));
+}
+
+/// The operator's capacity is kept and read back; the dispatch view lists a node's waiting runs
+/// as created (a set's in its own order, whatever their ids) and counts the runs it holds.
+pub fn a_capacity_is_kept_and_runs_go_out_in_order(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    assert!(
+        store
+            .set_capacity(&nid("n-unknown"), Some(2))
+            .unwrap()
+            .is_none()
+    );
+    let set = store.set_capacity(&nid(NODE_A), Some(2)).unwrap().unwrap();
+    assert_eq!((set.capacity, set.capacity()), (Some(2), Some(2)));
+    let mut runs = Vec::new();
+    for (i, id) in ["r-z", "r-a", "r-m"].into_iter().enumerate() {
+        let mut r = run(id, "s1", NODE_A, b"p", 7);
+        r.position = i as u32;
+        runs.push(r);
+    }
+    create(&store, "s1", &runs);
+    create(&store, "s0", &[run("r-b", "s0", NODE_A, b"p", 8)]);
+    let (waiting, out, node) = store.dispatch_view(&nid(NODE_A)).unwrap();
+    let order: Vec<&str> = waiting.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(
+        order,
+        ["r-z", "r-a", "r-m", "r-b"],
+        "created order, then set order"
+    );
+    assert_eq!(out, 4);
+    assert_eq!(node.and_then(|n| n.capacity), Some(2), "kept");
+    store
+        .apply_events(&nid(NODE_A), &[event(1, "r-z", RunState::Running)])
+        .unwrap();
+    let (waiting, out, _) = store.dispatch_view(&nid(NODE_A)).unwrap();
+    assert_eq!(
+        (waiting.len(), out),
+        (3, 4),
+        "a taken run is out, not waiting"
+    );
+    store
+        .apply_events(&nid(NODE_A), &[event(2, "r-z", RunState::Finished)])
+        .unwrap();
+    let (_, out, _) = store.dispatch_view(&nid(NODE_A)).unwrap();
+    assert_eq!(out, 3, "a final run holds no slot");
+    let lifted = store.set_capacity(&nid(NODE_A), None).unwrap().unwrap();
+    assert_eq!(lifted.capacity(), None);
+}
+
+/// Retiring a node that holds runs is refused (nothing changes) unless discarded; an ended node
+/// loses its runs with the end as their reason, is counted once, refuses new runs and is not
+/// ended the other way; forget refuses a live node and removes an ended one, whose runs stay.
+pub fn ending_a_node_loses_its_runs_and_forget_removes_it(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join_live(&store, NODE_A, KEY_A);
+    join_live(&store, NODE_B, KEY_B);
+    create(
+        &store,
+        "s1",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            run("r2", "s1", NODE_A, b"p", 2),
+            run("r3", "s1", NODE_B, b"p", 3),
+        ],
+    );
+    store
+        .apply_events(&nid(NODE_A), &[event(1, "r1", RunState::Finished)])
+        .unwrap();
+    assert_eq!(store.node_ends().unwrap(), 0);
+    assert!(matches!(
+        store.end_node(&nid("n-unknown"), NodeEnd::Revoked, false, 5),
+        Ok(EndOutcome::Unknown)
+    ));
+    let held = store.end_node(&nid(NODE_A), NodeEnd::Retired, false, 5);
+    assert!(matches!(held, Ok(EndOutcome::HoldsRuns(1))), "{held:?}");
+    assert!(store.node(&nid(NODE_A)).unwrap().unwrap().ended.is_none());
+    assert_eq!(store.node_ends().unwrap(), 0, "a refusal counts nothing");
+    let Ok(EndOutcome::Ended { node, lost }) =
+        store.end_node(&nid(NODE_A), NodeEnd::Retired, true, 6)
+    else {
+        panic!("a discarding retire ends the node");
+    };
+    assert_eq!(lost, 1);
+    assert_eq!(
+        node.ended,
+        Some(Ending {
+            end: NodeEnd::Retired,
+            at_ms: 6
+        })
+    );
+    let row = store.run(&rid("r2")).unwrap().unwrap();
+    assert_eq!(row.state, RunState::Lost);
+    assert_eq!(row.error.as_deref(), Some("retired"));
+    let done = store.run(&rid("r1")).unwrap().unwrap();
+    assert_eq!(
+        done.state,
+        RunState::Finished,
+        "a final run stays as it was"
+    );
+    assert_eq!(store.node_ends().unwrap(), 1);
+    assert!(
+        matches!(
+            store.end_node(&nid(NODE_A), NodeEnd::Retired, false, 7),
+            Ok(EndOutcome::Ended { lost: 0, .. })
+        ),
+        "retiring again changes nothing"
+    );
+    assert!(matches!(
+        store.end_node(&nid(NODE_A), NodeEnd::Revoked, false, 7),
+        Ok(EndOutcome::AlreadyEnded(NodeEnd::Retired))
+    ));
+    assert_eq!(store.node_ends().unwrap(), 1);
+    let refused = store.create_set("s2", &[run("r4", "s2", NODE_A, b"p", 4)]);
+    assert!(
+        matches!(&refused, Err(StoreError::Refused(why)) if why.contains("n-a is retired")),
+        "{refused:?}"
+    );
+    let Ok(EndOutcome::Ended { lost, .. }) =
+        store.end_node(&nid(NODE_B), NodeEnd::Revoked, false, 8)
+    else {
+        panic!("a revoke ends a node that holds runs");
+    };
+    assert_eq!(lost, 1);
+    assert_eq!(
+        store.run(&rid("r3")).unwrap().unwrap().error.as_deref(),
+        Some("revoked")
+    );
+    assert_eq!(store.node_ends().unwrap(), 2);
+    join_live(&store, NODE_C, KEY_C);
+    assert!(matches!(
+        store.forget_node(&nid(NODE_C), 9),
+        Ok(ForgetOutcome::Live)
+    ));
+    assert!(matches!(
+        store.forget_node(&nid(NODE_A), 9),
+        Ok(ForgetOutcome::Forgotten(_))
+    ));
+    assert!(store.node(&nid(NODE_A)).unwrap().is_none());
+    assert!(matches!(
+        store.forget_node(&nid(NODE_A), 9),
+        Ok(ForgetOutcome::Unknown)
+    ));
+    assert_eq!(store.nodes().unwrap().len(), 2);
+    assert!(
+        store.run(&rid("r2")).unwrap().is_some(),
+        "its runs stay as history"
+    );
+    assert!(
+        matches!(
+            store.forget_node(&nid(NODE_C), u64::MAX),
+            Ok(ForgetOutcome::Forgotten(_))
+        ),
+        "a node past its lease may be forgotten"
+    );
+}
+
+/// A run lost with retries left is placed again in the same transaction: a new waiting row of
+/// its set on another matching node (attempt 2, naming the lost one, which names it, one retry
+/// fewer, one more reference on its program); lost again with none left, it stays lost. A run
+/// that fails (not lost) is never placed again.
+pub fn a_lost_run_with_retries_is_placed_again_once(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join_live(&store, NODE_A, KEY_A);
+    join_live(&store, NODE_B, KEY_B);
+    let retry = Some(super::Retry {
+        left: 1,
+        place: crate::placement::Selector::parse("name!=nobody").unwrap(),
+    });
+    let first = RunRow {
+        retry: retry.clone(),
+        ..run("r1", "s1", NODE_A, b"p", 1)
+    };
+    let failing = RunRow {
+        retry,
+        ..run("r2", "s1", NODE_A, b"p", 2)
+    };
+    create(&store, "s1", &[first, failing]);
+    let failed = store
+        .fail_run(&rid("r2"), RunState::Failed, "nobody took it")
+        .unwrap();
+    assert!(
+        failed.unwrap().retried_as.is_none(),
+        "a failed run is not placed again"
+    );
+    let lost = store
+        .fail_run(&rid("r1"), RunState::Lost, "node n-a stopped answering")
+        .unwrap()
+        .unwrap();
+    let next_id = lost.retried_as.clone().expect("placed again");
+    assert_eq!(
+        store.run(&rid("r1")).unwrap().unwrap().retried_as.as_ref(),
+        Some(&next_id)
+    );
+    let next = store.run(&next_id).unwrap().unwrap();
+    assert_eq!(next.node_id, nid(NODE_B), "on another node");
+    assert_eq!((next.state, next.attempt), (RunState::Waiting, 2));
+    assert_eq!(next.previous, Some(rid("r1")));
+    assert_eq!(next.retry.as_ref().map(|r| r.left), Some(0));
+    let ids: Vec<RunId> = store
+        .set_runs("s1")
+        .unwrap()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, vec![rid("r1"), rid("r2"), next_id.clone()]);
+    assert_eq!(store.waiting_runs(&nid(NODE_B)).unwrap().len(), 1);
+    let digest = next.content_digests()[0].clone();
+    assert_eq!(store.unreferenced(&[digest]).unwrap().len(), 0);
+    let again = store
+        .fail_run(&next_id, RunState::Lost, "node n-b stopped answering")
+        .unwrap()
+        .unwrap();
+    assert!(again.retried_as.is_none(), "no retry left");
+    assert_eq!(store.set_runs("s1").unwrap().unwrap().len(), 3);
+}
+
+/// Runs queued for a match (under `unplaced`) stay there while no node matches; once one does,
+/// each goes, oldest first, to a matching node that holds no row of its set, out of the queue's
+/// indexes into the node's; what finds no such node stays queued.
+pub fn runs_queued_for_a_match_go_to_distinct_matching_nodes(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join_live(&store, NODE_A, KEY_A);
+    let queue = super::unplaced();
+    let queued = |id: &str, created: u64| RunRow {
+        node_id: queue.clone(),
+        queued_for: Some(crate::placement::Selector::parse("name!=nobody").unwrap()),
+        ..run(id, "s1", NODE_A, b"p", created)
+    };
+    create(
+        &store,
+        "s1",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            queued("r2", 2),
+            queued("r3", 3),
+        ],
+    );
+    assert!(
+        store.place_queued(10).unwrap().is_empty(),
+        "n-a holds a row of the set"
+    );
+    assert_eq!(store.waiting_runs(&queue).unwrap().len(), 2);
+    join_live(&store, NODE_B, KEY_B);
+    assert_eq!(store.place_queued(11).unwrap(), vec![nid(NODE_B)]);
+    let r2 = store.run(&rid("r2")).unwrap().unwrap();
+    assert_eq!((r2.node_id, r2.state), (nid(NODE_B), RunState::Waiting));
+    assert_eq!(
+        store.run(&rid("r3")).unwrap().unwrap().node_id,
+        queue,
+        "the newer one still waits"
+    );
+    assert_eq!(store.waiting_runs(&queue).unwrap().len(), 1);
+    assert_eq!(store.waiting_runs(&nid(NODE_B)).unwrap().len(), 1);
+    assert_eq!(store.runs_out().unwrap().get(&nid(NODE_B)), Some(&1));
+    assert_eq!(store.runs_out().unwrap().get(&queue), Some(&1));
 }

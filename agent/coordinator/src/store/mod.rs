@@ -16,6 +16,7 @@
 //!
 //! Tokens are kept only as hashes.
 use fleet_proto::facts::Facts;
+use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
 use fleet_proto::{NodeId, RunId};
 use serde::{Deserialize, Serialize};
@@ -32,7 +33,7 @@ mod rules;
 pub use self::postgres::PostgresBackend;
 pub use redb::RedbBackend;
 
-pub use rules::{Applied, Change, RunMoved};
+pub use rules::{Applied, Change, EndOutcome, ForgetOutcome, RunMoved};
 
 /// The newest this many final runs of each node are kept by default, as a machine keeps its run
 /// folders.
@@ -96,6 +97,42 @@ pub struct NodeRecord {
     /// The coordinator (its advertised `host:port`) that opened the node's newest session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_at: Option<String>,
+    /// Since when the node takes no new run (`fleet-coordinator drain`); it finishes what it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_since_ms: Option<u64>,
+    /// The operator's limit on runs at once (`fleet-coordinator capacity`), under the agent's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u32>,
+    /// Set once the operator retired or revoked the node: its key is refused from then on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Ending>,
+    /// When its last run not final ended (what a pool loop reads to choose whom to drain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since_ms: Option<u64>,
+}
+
+/// When and how the operator ended a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ending {
+    pub end: NodeEnd,
+    pub at_ms: u64,
+}
+
+impl NodeRecord {
+    /// Whether placement may give it a new run: not drained, retired or revoked.
+    pub fn takes_runs(&self) -> bool {
+        self.drained_since_ms.is_none() && self.ended.is_none()
+    }
+
+    /// How many runs it takes at once: the lower of what its agent declares and what the
+    /// operator set; None when neither limits it (an agent from before capacities).
+    pub fn capacity(&self) -> Option<u32> {
+        let declared = self.facts.as_ref().and_then(|f| f.max_runs);
+        match (declared, self.capacity) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// One run on one node, as the coordinator records it.
@@ -103,6 +140,9 @@ pub struct NodeRecord {
 pub struct RunRow {
     pub id: RunId,
     pub set_id: String,
+    /// Its place among its set's runs, so runs created together go out in that order.
+    #[serde(default)]
+    pub position: u32,
     pub node_id: NodeId,
     pub state: RunState,
     pub workload: Workload,
@@ -127,19 +167,58 @@ pub struct RunRow {
     /// The key (`sha256:` of its DER) whose signature the signing policy found on the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signed_by: Option<String>,
+    /// `run --retry-lost N`: how often, and where, the run is placed again when its machine
+    /// goes away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Retry>,
+    /// Which attempt of the run this row is: 1 for the first.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The attempt this one replaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<RunId>,
+    /// Set once it was lost and placed again: the attempt that replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_as: Option<RunId>,
+    /// Queued for a match: no node matched when it was asked for, so it waits under
+    /// [`unplaced`] until a node this expression matches joins (one not holding a row of its set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_for: Option<crate::placement::Selector>,
+}
+
+/// The node a run queued for a match waits under until one matches; never a node's id (those
+/// are `n-` and hex).
+pub fn unplaced() -> NodeId {
+    NodeId::new("unplaced")
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+/// A run's retries left, and the expression its attempts are placed by.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Retry {
+    pub left: u32,
+    #[serde(rename = "where")]
+    pub place: crate::placement::Selector,
 }
 
 impl RunRow {
     /// The content the run refers to by digest: its program, if it executes one, and its
     /// inputs; each holds a reference on its blob while the run is stored.
     pub fn content_digests(&self) -> Vec<String> {
+        self.content().iter().map(ToString::to_string).collect()
+    }
+
+    /// [`RunRow::content_digests`], as digests.
+    pub fn content(&self) -> Vec<fleet_proto::Digest> {
         let program = match &self.workload {
-            Workload::Program(digest) => Some(digest.to_string()),
+            Workload::Program(digest) => Some(*digest),
             Workload::Image(_) => None,
         };
-        program
-            .into_iter()
-            .chain(self.options.inputs.iter().map(|(_, d)| d.to_string()))
+        (program.into_iter())
+            .chain(self.options.inputs.iter().map(|(_, d)| *d))
             .collect()
     }
 }
@@ -228,6 +307,10 @@ pub enum StoreError {
     Refused(String),
     #[error("the coordinator store failed: {0}")]
     Db(String),
+    /// The database cut the connection (it shuts down or restarted): the same change may succeed
+    /// once it is back.
+    #[error("the coordinator store's connection was cut: {0}; it is tried again")]
+    Cut(String),
     #[error("the coordinator store holds a corrupt record under {0}")]
     Corrupt(String),
 }
@@ -246,7 +329,7 @@ fn schema_message(store: &str, found: Option<u64>, expected: u64) -> String {
 impl StoreError {
     /// The database could not be reached: the same change may succeed once it is back.
     pub fn is_outage(&self) -> bool {
-        matches!(self, StoreError::Unreachable { .. })
+        matches!(self, StoreError::Unreachable { .. } | StoreError::Cut(_))
     }
 }
 
@@ -321,14 +404,21 @@ pub trait ReadTx {
     fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>>;
     /// The ids of the runs in the active index, for one node or for all, in any order.
     fn active(&self, node_id: Option<&NodeId>) -> StoreResult<Vec<RunId>>;
+    /// Whether the node holds any run in the active index (one entry read, however many).
+    fn holds_active(&self, node_id: &NodeId) -> StoreResult<bool>;
     /// The ids of the runs in the waiting index of one node (read by that index), in any order.
     fn waiting(&self, node_id: &NodeId) -> StoreResult<Vec<RunId>>;
     /// The nodes with at least one run in the waiting index, each once.
     fn waiting_nodes(&self) -> StoreResult<Vec<NodeId>>;
+    /// How many runs each node holds in the active index (nodes with none are absent).
+    fn active_counts(&self) -> StoreResult<BTreeMap<NodeId, u64>>;
     /// How many runs the node's retention order holds.
     fn final_count(&self, node_id: &NodeId) -> StoreResult<u64>;
     /// Every coordinator that serves this store, by advertised address, with when it last said so.
     fn coordinators(&self) -> StoreResult<Vec<(String, u64)>>;
+    /// How many times a node was ended (retired or revoked): a coordinator that sees it change
+    /// reads the nodes and cuts the sessions of the ended ones.
+    fn node_ends(&self) -> StoreResult<u64>;
 }
 
 /// Writes inside a transaction (on top of its reads, which see them).
@@ -361,6 +451,10 @@ pub trait WriteTx: ReadTx {
     fn pop_final(&mut self, node_id: &NodeId) -> StoreResult<Option<RunId>>;
     /// Records that the coordinator at `address` serves this store, at `seen_ms`.
     fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()>;
+    /// Counts one more node ended (see [`ReadTx::node_ends`]).
+    fn count_node_end(&mut self) -> StoreResult<()>;
+    /// Removes the node's record, lease and event mark; its runs stay as history.
+    fn remove_node(&mut self, id: &NodeId) -> StoreResult<()>;
 }
 
 /// Everything the coordinator remembers, over one backend; each method is one transaction. The

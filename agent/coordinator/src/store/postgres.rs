@@ -18,7 +18,7 @@ use postgres::{Client, GenericClient, Row, Statement};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -154,7 +154,23 @@ fn one_line(e: &postgres::Error) -> String {
 }
 
 fn fail(e: postgres::Error) -> StoreError {
-    StoreError::Db(one_line(&e))
+    match is_cut(&e) {
+        true => StoreError::Cut(one_line(&e)),
+        false => StoreError::Db(one_line(&e)),
+    }
+}
+
+/// The server is going away or the connection is gone: the client may not have seen its
+/// connection close yet when the error arrives (a shutdown's FATAL comes first).
+fn is_cut(e: &postgres::Error) -> bool {
+    e.is_closed()
+        || matches!(
+            e.code(),
+            Some(&SqlState::ADMIN_SHUTDOWN)
+                | Some(&SqlState::CRASH_SHUTDOWN)
+                | Some(&SqlState::CANNOT_CONNECT_NOW)
+        )
+        || e.code().is_some_and(|code| code.code().starts_with("08"))
 }
 
 fn is_conflict(e: &postgres::Error) -> bool {
@@ -285,14 +301,16 @@ impl PostgresBackend {
         let out = f(&mut conn);
         let closed = conn.client.is_closed();
         self.give_back(conn);
-        match out {
-            Err(StoreError::Db(reason)) if closed => Err(StoreError::Unreachable {
-                url: self.location.clone(),
-                reason,
-                hint: "the connection closed mid-transaction (the server restarted or went away); it is tried again",
-            }),
-            out => out,
-        }
+        let reason = match out {
+            Err(StoreError::Db(reason)) if closed => reason,
+            Err(StoreError::Cut(reason)) => reason,
+            out => return out,
+        };
+        Err(StoreError::Unreachable {
+            url: self.location.clone(),
+            reason,
+            hint: "the connection closed mid-transaction (the server restarted or went away); it is tried again",
+        })
     }
 }
 
@@ -719,12 +737,31 @@ impl ReadTx for PgTx<'_> {
         run_ids(&rows)
     }
 
+    fn holds_active(&self, node_id: &NodeId) -> StoreResult<bool> {
+        let row = self.query_opt(
+            "SELECT 1 FROM active_runs WHERE node_id = $1 LIMIT 1",
+            &[&node_id.as_str()],
+        )?;
+        Ok(row.is_some())
+    }
+
     fn waiting(&self, node_id: &NodeId) -> StoreResult<Vec<RunId>> {
         let rows = self.query(
             "SELECT run_id FROM waiting_runs WHERE node_id = $1",
             &[&node_id.as_str()],
         )?;
         run_ids(&rows)
+    }
+
+    fn active_counts(&self) -> StoreResult<BTreeMap<NodeId, u64>> {
+        let rows = self.query(
+            "SELECT node_id, count(*) FROM active_runs GROUP BY node_id",
+            &[],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|row| (NodeId::new(row.get::<_, String>(0)), count(row.get(1))))
+            .collect())
     }
 
     fn waiting_nodes(&self) -> StoreResult<Vec<NodeId>> {
@@ -749,6 +786,11 @@ impl ReadTx for PgTx<'_> {
             .iter()
             .map(|row| (row.get(0), count(row.get(1))))
             .collect())
+    }
+
+    fn node_ends(&self) -> StoreResult<u64> {
+        let row = self.query_opt("SELECT value FROM meta WHERE key = 'node_ends'", &[])?;
+        Ok(row.map_or(0, |row| count(row.get(0))))
     }
 }
 
@@ -906,6 +948,22 @@ impl WriteTx for PgTx<'_> {
             "INSERT INTO coordinators (address, seen_ms) VALUES ($1, $2)
              ON CONFLICT (address) DO UPDATE SET seen_ms = EXCLUDED.seen_ms",
             &[&address, &bigint(seen_ms)?],
+        )
+    }
+
+    fn count_node_end(&mut self) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO meta (key, value) VALUES ('node_ends', 1)
+             ON CONFLICT (key) DO UPDATE SET value = meta.value + 1",
+            &[],
+        )
+    }
+
+    fn remove_node(&mut self, id: &NodeId) -> StoreResult<()> {
+        self.execute("DELETE FROM nodes WHERE id = $1", &[&id.as_str()])?;
+        self.execute(
+            "DELETE FROM event_marks WHERE node_id = $1",
+            &[&id.as_str()],
         )
     }
 

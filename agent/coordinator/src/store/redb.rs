@@ -7,6 +7,7 @@ use fleet_proto::{NodeId, RunId};
 use redb::{Database, ReadableTable, TableDefinition, TableHandle};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// sha256(token) hex -> TokenRecord JSON.
@@ -49,6 +50,7 @@ mod v1 {
 
 const SCHEMA_KEY: &str = "schema_version";
 const FINAL_SEQ_KEY: &str = "final_seq";
+const NODE_ENDS_KEY: &str = "node_ends";
 
 /// One redb file. It holds no rules: see [`super::Store`].
 pub struct RedbBackend {
@@ -312,6 +314,25 @@ macro_rules! reads {
                 runs_under(&self.tx.open_table(WAITING).map_err(fail)?, node_id)
             }
 
+            fn holds_active(&self, node_id: &NodeId) -> StoreResult<bool> {
+                let active = self.tx.open_table(ACTIVE).map_err(fail)?;
+                let first = active.range((node_id.as_str(), "")..).map_err(fail)?.next();
+                match first {
+                    Some(entry) => Ok(entry.map_err(fail)?.0.value().0 == node_id.as_str()),
+                    None => Ok(false),
+                }
+            }
+
+            fn active_counts(&self) -> StoreResult<BTreeMap<NodeId, u64>> {
+                let active = self.tx.open_table(ACTIVE).map_err(fail)?;
+                let mut counts: BTreeMap<NodeId, u64> = BTreeMap::new();
+                for entry in active.iter().map_err(fail)? {
+                    let (key, _) = entry.map_err(fail)?;
+                    *counts.entry(NodeId::new(key.value().0)).or_default() += 1;
+                }
+                Ok(counts)
+            }
+
             fn waiting_nodes(&self) -> StoreResult<Vec<NodeId>> {
                 let waiting = self.tx.open_table(WAITING).map_err(fail)?;
                 let mut out: Vec<NodeId> = Vec::new();
@@ -341,6 +362,14 @@ macro_rules! reads {
                     out.push((address.value().to_string(), seen.value()));
                 }
                 Ok(out)
+            }
+
+            fn node_ends(&self) -> StoreResult<u64> {
+                let meta = self.tx.open_table(META).map_err(fail)?;
+                Ok(meta
+                    .get(NODE_ENDS_KEY)
+                    .map_err(fail)?
+                    .map_or(0, |v| v.value()))
             }
         }
     };
@@ -535,6 +564,21 @@ impl WriteTx for RedbWrite {
         let mut table = self.tx.open_table(COORDINATORS).map_err(fail)?;
         table.insert(address, seen_ms).map_err(fail).map(drop)
     }
+
+    fn count_node_end(&mut self) -> StoreResult<()> {
+        let ends = self.node_ends()? + 1;
+        let mut meta = self.tx.open_table(META).map_err(fail)?;
+        meta.insert(NODE_ENDS_KEY, ends).map_err(fail).map(drop)
+    }
+
+    fn remove_node(&mut self, id: &NodeId) -> StoreResult<()> {
+        let mut nodes = self.tx.open_table(NODES).map_err(fail)?;
+        nodes.remove(id.as_str()).map_err(fail)?;
+        let mut leases = self.tx.open_table(LEASES).map_err(fail)?;
+        leases.remove(id.as_str()).map_err(fail)?;
+        let mut marks = self.tx.open_table(EVENT_MARKS).map_err(fail)?;
+        marks.remove(id.as_str()).map_err(fail).map(drop)
+    }
 }
 
 impl RedbWrite {
@@ -601,6 +645,11 @@ mod tests {
         retention_is_per_node,
         waiting_index_follows_the_runs,
         changes_applied_together_each_answered,
+        a_drain_is_kept_and_refuses_new_runs,
+        a_capacity_is_kept_and_runs_go_out_in_order,
+        ending_a_node_loses_its_runs_and_forget_removes_it,
+        a_lost_run_with_retries_is_placed_again_once,
+        runs_queued_for_a_match_go_to_distinct_matching_nodes,
     );
 
     /// A store written by schema 1 (one fleet-wide active and final order, leases in the node

@@ -1,11 +1,12 @@
 //! The intents the coordinator stores, and the rules they follow, written once over any
 //! [`Backend`].
 use super::{
-    Backend, Beat, BootstrapFailure, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx, Redeemed,
-    RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
+    Backend, Beat, BootstrapFailure, Ending, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx,
+    Redeemed, Retry, RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
 };
 use fleet_proto::clock::now_ms;
 use fleet_proto::facts::Facts;
+use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::{Outcome, RunState};
 use fleet_proto::{NodeId, RunId};
 use std::collections::BTreeMap;
@@ -154,6 +155,10 @@ impl Store {
                         generation: 0,
                         last_event_id: 0,
                         session_at: None,
+                        drained_since_ms: None,
+                        capacity: None,
+                        ended: None,
+                        idle_since_ms: None,
                     };
                     tx.put_node(&node)?;
                     Ok(Some(Redeemed { node, first: true }))
@@ -205,6 +210,205 @@ impl Store {
 
     pub fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
         self.read(|tx| tx.nodes())
+    }
+
+    /// Drains the node from `since_ms` (it takes no new run; a node already draining keeps its
+    /// first time), or with None takes it back; None for an unknown node.
+    pub fn set_drain(&self, id: &NodeId, since_ms: Option<u64>) -> StoreResult<Option<NodeRecord>> {
+        self.write(|tx| {
+            let Some(mut node) = tx.node(id)? else {
+                return Ok(None);
+            };
+            node.drained_since_ms = since_ms.map(|t| node.drained_since_ms.unwrap_or(t));
+            tx.put_node(&node)?;
+            Ok(Some(node))
+        })
+    }
+
+    /// Sets the operator's limit on the node's runs at once (None lifts it); None for an
+    /// unknown node.
+    pub fn set_capacity(
+        &self,
+        id: &NodeId,
+        capacity: Option<u32>,
+    ) -> StoreResult<Option<NodeRecord>> {
+        self.write(|tx| {
+            let Some(mut node) = tx.node(id)? else {
+                return Ok(None);
+            };
+            node.capacity = capacity;
+            tx.put_node(&node)?;
+            Ok(Some(node))
+        })
+    }
+
+    /// Ends the node (retired or revoked) at `now_ms`: its key is refused from then on, and the
+    /// runs it holds end `lost` with the end as their reason. Retiring a node that holds runs is
+    /// refused unless `discard`; a node ended one way is not ended the other.
+    pub fn end_node(
+        &self,
+        id: &NodeId,
+        end: NodeEnd,
+        discard: bool,
+        now_ms: u64,
+    ) -> StoreResult<EndOutcome> {
+        let keep = self.keep_final_runs;
+        self.write(|tx| {
+            let Some(mut node) = tx.node(id)? else {
+                return Ok(EndOutcome::Unknown);
+            };
+            match node.ended {
+                Some(e) if e.end == end => {
+                    let node = Box::new(node);
+                    return Ok(EndOutcome::Ended { node, lost: 0 });
+                }
+                Some(e) => return Ok(EndOutcome::AlreadyEnded(e.end)),
+                None => {}
+            }
+            let out = tx.active(Some(id))?;
+            if end == NodeEnd::Retired && !discard && !out.is_empty() {
+                return Ok(EndOutcome::HoldsRuns(out.len() as u64));
+            }
+            let lost = lose_runs(tx, keep, &out, end.as_str())?;
+            node.ended = Some(Ending { end, at_ms: now_ms });
+            tx.put_node(&node)?;
+            tx.count_node_end()?;
+            let node = Box::new(node);
+            Ok(EndOutcome::Ended { node, lost })
+        })
+    }
+
+    /// Removes the record of a node that is ended or has lost its lease (its runs stay as
+    /// history; any still out end `lost`, reason `forgotten`).
+    pub fn forget_node(&self, id: &NodeId, now_ms: u64) -> StoreResult<ForgetOutcome> {
+        let keep = self.keep_final_runs;
+        self.write(|tx| {
+            let Some(node) = tx.node(id)? else {
+                return Ok(ForgetOutcome::Unknown);
+            };
+            if node.ended.is_none() && now_ms < node.lease_until_ms {
+                return Ok(ForgetOutcome::Live);
+            }
+            let out = tx.active(Some(id))?;
+            lose_runs(tx, keep, &out, "forgotten")?;
+            tx.remove_node(id)?;
+            Ok(ForgetOutcome::Forgotten(Box::new(node)))
+        })
+    }
+
+    /// Places the runs queued for a match, oldest first, each on a node its expression now
+    /// matches that holds no row of its set (least loaded first): out of [`unplaced`]'s indexes
+    /// into the node's, in one transaction. Returns the nodes that got one.
+    pub fn place_queued(&self, now_ms: u64) -> StoreResult<Vec<NodeId>> {
+        // Read first: the sweep asks every heartbeat, and the queue is nearly always empty.
+        if self.read(|tx| tx.waiting(&super::unplaced()))?.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write(|tx| {
+            let queue = super::unplaced();
+            let mut rows = runs_of(tx, &tx.waiting(&queue)?)?;
+            rows.retain(|r| r.node_id == queue && is_waiting(r));
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            rows.sort_by(waiting_order);
+            let (nodes, mut out) = (tx.nodes()?, tx.active_counts()?);
+            let mut holding: BTreeMap<String, Vec<NodeId>> = BTreeMap::new();
+            let mut placed = Vec::new();
+            for mut row in rows {
+                let Some(place) = row.queued_for.clone() else {
+                    continue;
+                };
+                if !holding.contains_key(&row.set_id) {
+                    let ids = tx.set(&row.set_id)?.unwrap_or_default();
+                    let held = runs_of(tx, &ids)?.into_iter().map(|r| r.node_id).collect();
+                    holding.insert(row.set_id.clone(), held);
+                }
+                let taken = &holding[&row.set_id];
+                let Some(node) = (crate::placement::candidates(&nodes, &out, &place, now_ms))
+                    .into_iter()
+                    .map(|(_, n)| n.id.clone())
+                    .find(|n| !taken.contains(n))
+                else {
+                    continue;
+                };
+                tx.remove_waiting(&row.id, &queue)?;
+                tx.remove_active(&row.id, &queue)?;
+                row.node_id = node.clone();
+                row.updated_ms = now_ms;
+                tx.put_run(&row)?;
+                tx.put_active(&row.id, &node)?;
+                tx.put_waiting(&row.id, &node)?;
+                *out.entry(node.clone()).or_default() += 1;
+                if let Some(held) = holding.get_mut(&row.set_id) {
+                    held.push(node.clone());
+                }
+                placed.push(node);
+            }
+            Ok(placed)
+        })
+    }
+
+    /// Notes on a waiting run why it is not sent yet (its content has no reachable holder), as
+    /// its `error` until it is taken or fails; a run no longer waiting, or already saying so,
+    /// is left as it is.
+    pub fn note_waiting(&self, id: &RunId, reason: &str) -> StoreResult<()> {
+        let keep = self.keep_final_runs;
+        self.write(|tx| {
+            change_run(tx, keep, id, &mut |r| {
+                let notes = is_waiting(r) && r.error.as_deref() != Some(reason);
+                if notes {
+                    r.error = Some(reason.to_string());
+                }
+                notes
+            })
+            .map(drop)
+        })
+    }
+
+    /// Changes every time a node is ended; see [`ReadTx::node_ends`].
+    pub fn node_ends(&self) -> StoreResult<u64> {
+        self.read(|tx| tx.node_ends())
+    }
+
+    /// What a session needs to send a node its runs: the runs waiting for it (oldest first), how
+    /// many of its runs are out in all (waiting or taken, not final), and its record.
+    pub fn dispatch_view(
+        &self,
+        node_id: &NodeId,
+    ) -> StoreResult<(Vec<RunRow>, u64, Option<NodeRecord>)> {
+        self.read(|tx| {
+            let mut runs = runs_of(tx, &tx.waiting(node_id)?)?;
+            runs.retain(|r| &r.node_id == node_id && is_waiting(r));
+            runs.sort_by(waiting_order);
+            let out = tx.active(Some(node_id))?.len() as u64;
+            Ok((runs, out, tx.node(node_id)?))
+        })
+    }
+
+    /// Sets and removes the node's labels (removals first); None for an unknown node.
+    pub fn set_labels(
+        &self,
+        id: &NodeId,
+        set: &[(String, String)],
+        remove: &[String],
+    ) -> StoreResult<Option<NodeRecord>> {
+        self.write(|tx| {
+            let Some(mut node) = tx.node(id)? else {
+                return Ok(None);
+            };
+            for key in remove {
+                node.labels.remove(key);
+            }
+            node.labels.extend(set.iter().cloned());
+            tx.put_node(&node)?;
+            Ok(Some(node))
+        })
+    }
+
+    /// How many runs each node holds that are not final (nodes with none are absent).
+    pub fn runs_out(&self) -> StoreResult<BTreeMap<NodeId, u64>> {
+        self.read(|tx| tx.active_counts())
     }
 
     /// Starts a session: a new, higher generation, and a fresh lease.
@@ -343,7 +547,20 @@ impl Store {
                 let refs = tx.program_refs(digest)?;
                 tx.set_program_refs(digest, refs + count)?;
             }
+            // Checked in the transaction that records the runs, so a drain, retire or revoke
+            // that committed first is never passed by a run placed from an older read.
+            let closed: BTreeMap<NodeId, NodeRecord> = (tx.nodes()?.into_iter())
+                .filter(|n| !n.takes_runs())
+                .map(|n| (n.id.clone(), n))
+                .collect();
             for run in runs {
+                if let Some(node) = closed.get(&run.node_id) {
+                    let why = node.ended.map_or("draining", |e| e.end.as_str());
+                    return refused(format!(
+                        "the node {} is {why}: it takes no new run",
+                        run.node_id
+                    ));
+                }
                 if tx.run(&run.id)?.is_some() {
                     return refused(format!("the run {} exists already", run.id));
                 }
@@ -385,11 +602,7 @@ impl Store {
         self.read(|tx| {
             let mut runs = runs_of(tx, &tx.waiting(node_id)?)?;
             runs.retain(|r| &r.node_id == node_id && is_waiting(r));
-            runs.sort_by(|a, b| {
-                a.created_ms
-                    .cmp(&b.created_ms)
-                    .then_with(|| a.id.cmp(&b.id))
-            });
+            runs.sort_by(waiting_order);
             Ok(runs)
         })
     }
@@ -455,16 +668,45 @@ impl Store {
         }
         let keep = self.keep_final_runs;
         self.write(|tx| {
-            change_run(tx, keep, id, &mut |r| {
-                let moves = r.state.may_become(state);
-                if moves {
+            let mut moved = false;
+            let row = change_run(tx, keep, id, &mut |r| {
+                moved = r.state.may_become(state);
+                if moved {
                     r.state = state;
                     r.error = Some(reason.to_string());
                 }
-                moves
-            })
+                moved
+            })?;
+            match row {
+                Some(row) if moved && state == RunState::Lost => place_again(tx, row).map(Some),
+                row => Ok(row),
+            }
         })
     }
+}
+
+/// What [`Store::end_node`] did.
+#[derive(Debug)]
+pub enum EndOutcome {
+    Unknown,
+    /// Retiring a node that holds this many runs, without discard: nothing changed.
+    HoldsRuns(u64),
+    /// The node was already ended the other way: nothing changed.
+    AlreadyEnded(NodeEnd),
+    /// The node is ended (now or before); `lost` runs it held ended with it.
+    Ended {
+        node: Box<NodeRecord>,
+        lost: u64,
+    },
+}
+
+/// What [`Store::forget_node`] did.
+#[derive(Debug)]
+pub enum ForgetOutcome {
+    Unknown,
+    /// The node holds its lease and was not ended: nothing changed.
+    Live,
+    Forgotten(Box<NodeRecord>),
 }
 
 /// One change a session asks for; many are applied in one transaction by [`Store::apply`].
@@ -633,10 +875,94 @@ fn save_run(tx: &mut dyn WriteTx, keep: u64, before: Indexed, run: &RunRow) -> S
     Ok(())
 }
 
+/// Ends the runs `ids` names that are not final as `lost`, with `reason` (each placed again
+/// when it has retries left); returns how many.
+fn lose_runs(tx: &mut dyn WriteTx, keep: u64, ids: &[RunId], reason: &str) -> StoreResult<u64> {
+    let mut lost = 0;
+    for id in ids {
+        let mut moved = false;
+        let row = change_run(tx, keep, id, &mut |r| {
+            moved = r.state.may_become(RunState::Lost);
+            if moved {
+                r.state = RunState::Lost;
+                r.error = Some(reason.to_string());
+            }
+            moved
+        })?;
+        if let Some(row) = row.filter(|_| moved) {
+            lost += 1;
+            place_again(tx, row)?;
+        }
+    }
+    Ok(lost)
+}
+
+/// A run lost with its machine, with retries left, is placed again on another node its
+/// expression matches, least loaded first: the next attempt is a new row of its set, waiting
+/// and naming this one, which names it in turn. Answers the lost row as it now is (unchanged
+/// when no retry is left, or no other node matches).
+fn place_again(tx: &mut dyn WriteTx, mut lost: RunRow) -> StoreResult<RunRow> {
+    let Some(retry) = lost.retry.clone().filter(|r| r.left > 0) else {
+        return Ok(lost);
+    };
+    let now = now_ms();
+    let (nodes, out) = (tx.nodes()?, tx.active_counts()?);
+    let Some(node) = (crate::placement::candidates(&nodes, &out, &retry.place, now).into_iter())
+        .map(|(_, n)| n.id.clone())
+        .find(|n| *n != lost.node_id)
+    else {
+        return Ok(lost);
+    };
+    let next = RunRow {
+        id: crate::runs::new_run_id(),
+        node_id: node,
+        state: RunState::Waiting,
+        created_ms: now,
+        updated_ms: now,
+        accepted: false,
+        report: None,
+        error: None,
+        events: Vec::new(),
+        retry: Some(Retry {
+            left: retry.left - 1,
+            place: retry.place,
+        }),
+        queued_for: None,
+        attempt: lost.attempt + 1,
+        previous: Some(lost.id.clone()),
+        retried_as: None,
+        ..lost.clone()
+    };
+    for digest in next.content_digests() {
+        let refs = tx.program_refs(&digest)?;
+        tx.set_program_refs(&digest, refs + 1)?;
+    }
+    tx.put_run(&next)?;
+    tx.put_active(&next.id, &next.node_id)?;
+    tx.put_waiting(&next.id, &next.node_id)?;
+    let mut ids = tx.set(&lost.set_id)?.unwrap_or_default();
+    ids.push(next.id.clone());
+    tx.put_set(&lost.set_id, &ids)?;
+    lost.retried_as = Some(next.id);
+    // Retention may have pruned it already; a pruned row is not written back.
+    if tx.run(&lost.id)?.is_some() {
+        tx.put_run(&lost)?;
+    }
+    Ok(lost)
+}
+
 /// A node that sends anything has joined, so a missing record means the store is damaged.
 /// A token a machine may still join with.
 fn waiting(token: &TokenRecord, now_ms: u64) -> bool {
     token.spent_by.is_none() && token.bootstrap_failure.is_none() && now_ms < token.expires_at_ms
+}
+
+/// The order waiting runs go out in: as they were created, a set's runs in its order.
+fn waiting_order(a: &RunRow, b: &RunRow) -> std::cmp::Ordering {
+    (a.created_ms.cmp(&b.created_ms))
+        .then_with(|| a.set_id.cmp(&b.set_id))
+        .then_with(|| a.position.cmp(&b.position))
+        .then_with(|| a.id.cmp(&b.id))
 }
 
 fn known_node<T: ReadTx + ?Sized>(tx: &T, id: &NodeId) -> StoreResult<NodeRecord> {
@@ -715,6 +1041,13 @@ fn record_event(row: &mut RunRow, event: &NodeEvent) {
 /// row until each of its machines has ended `keep` newer runs.
 fn retire(tx: &mut dyn WriteTx, keep: u64, run: &RunRow) -> StoreResult<()> {
     tx.remove_active(&run.id, &run.node_id)?;
+    // One index entry read: a node with a long queue pays no more per run that ends.
+    if !tx.holds_active(&run.node_id)?
+        && let Some(mut node) = tx.node(&run.node_id)?
+    {
+        node.idle_since_ms = Some(run.updated_ms);
+        tx.put_node(&node)?;
+    }
     tx.push_final(&run.id, &run.node_id)?;
     while tx.final_count(&run.node_id)? > keep {
         let Some(oldest) = tx.pop_final(&run.node_id)? else {

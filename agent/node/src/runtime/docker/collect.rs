@@ -121,14 +121,22 @@ pub(super) fn collect(
     }
     let mut hash = sha2::Sha256::new();
     let mut buf = vec![0; 64 * 1024];
+    let mut written = 0u64;
     loop {
         let n = entry.read(&mut buf).map_err(failed)?;
         if n == 0 {
             break;
         }
+        written += n as u64;
         hash.update(&buf[..n]);
         sink.write_all(&buf[..n])
             .map_err(|e| refused(format!("cannot send the collected {path}: {e}")))?;
+    }
+    // A cut archive ends the entry early without an error from the tar reader.
+    if written != size {
+        return Err(refused(format!(
+            "the engine's archive of {path} ended after {written} of its {size} bytes; collect it again"
+        )));
     }
     let digest = format!("sha256:{}", hex::encode(hash.finalize()));
     Ok(Collected {

@@ -12,7 +12,14 @@ pub(super) fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
     let mut hms = hms.splitn(3, ':').map(|p| p.parse::<u64>().ok());
     let (h, min, s) = (hms.next()??, hms.next()??, hms.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 23 || min > 59 || s > 60 {
+    // RFC 3339 years have four digits; a larger one would overflow the seconds below.
+    if !(0..=9999).contains(&y)
+        || !(1..=12).contains(&m)
+        || !(1..=31).contains(&d)
+        || h > 23
+        || min > 59
+        || s > 60
+    {
         return None;
     }
     let nanos = if frac.is_empty() {
@@ -58,6 +65,7 @@ mod tests {
             123_456_789
         );
         assert_eq!(t("0001-01-01T00:00:00Z"), None);
+        assert_eq!(t("999999999999999-01-01T00:00:00Z"), None);
         assert_eq!(t("yesterday"), None);
     }
 }
