@@ -1,10 +1,12 @@
 //! `fleet-loadgen`: many simulated nodes in one process, each speaking the real node protocol to a
 //! coordinator: its own Ed25519 key, the pinned TLS join with a one-time token, a session with
-//! facts and heartbeats at the coordinator's interval, and answers to commands (a start is
-//! answered, then reported `running` and `finished` with exit 0, without running anything). A node
-//! whose session ends reconnects as the agent does: with the agent's backoff, to the next
-//! coordinator its join file names. It prints one JSON line of counters a second, for
-//! `cargo xtask bench fleet`.
+//! facts and heartbeats at the coordinator's interval, and answers to commands. A stage fetches
+//! the program on the agent's own content path (`fleet_agent::content`: a pinned connection, the
+//! bytes hashed as they land, once per node and digest); a start is answered, then reported
+//! `running` and, `--run-ms` later, `finished` with exit 0, without running anything. A node
+//! declares `--capacity` and counts every start beyond it. A node whose session ends reconnects
+//! as the agent does: with the agent's backoff, to the next coordinator its join file names. It
+//! prints one JSON line of counters a second, for `cargo xtask bench fleet`.
 //!
 //! With `--flood` it is a hostile client instead (see [`flood`]): joins with a wrong token,
 //! `--rate` connections a second from `--sources` loopback addresses, for `cargo xtask bench flood`.
@@ -12,12 +14,15 @@ mod flood;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use fleet_agent::content::ContentLink;
+use fleet_agent::dial::Coordinators;
 use fleet_agent::identity::Identity;
+use fleet_content::Blobs;
 use fleet_proto::facts::Facts;
 use fleet_proto::joinfile::JoinFile;
-use fleet_proto::protocol::{self, Command, Down, Refusal, RefusalClass, Reply, Up};
-use fleet_proto::run::{Event, Outcome, RunReport, RunState};
-use fleet_proto::{NodeId, OpId, RunId};
+use fleet_proto::protocol::{self, Answer, Command, Down, Refusal, RefusalClass, Reply, Up};
+use fleet_proto::run::{Event, Outcome, RunReport, RunState, Workload};
+use fleet_proto::{Digest, NodeId, OpId, RunId};
 use std::io::BufRead;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +59,23 @@ struct Args {
     /// counted)
     #[arg(long, default_value_t = 4096, requires = "flood")]
     flood_concurrency: usize,
+    /// Runs at once each node declares (its `max_runs`); none declares no limit
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    capacity: Option<u32>,
+    /// How long a run "runs" before it is reported finished
+    #[arg(long, default_value_t = 0)]
+    run_ms: u64,
+    /// Where each node keeps the content it fetched (a folder per node)
+    #[arg(long, default_value = "loadgen-blobs")]
+    blobs: std::path::PathBuf,
+}
+
+/// How every simulated node behaves.
+#[derive(Clone)]
+struct Behaviour {
+    capacity: Option<u32>,
+    run_time: Duration,
+    blobs: std::path::PathBuf,
 }
 
 /// What the nodes did so far, printed once a second.
@@ -67,6 +89,12 @@ struct Counters {
     starts: AtomicU64,
     finished: AtomicU64,
     failures: AtomicU64,
+    /// Programs fetched whole and checked.
+    fetched: AtomicU64,
+    /// Fetches that failed for good (after the content path's own tries).
+    fetch_failures: AtomicU64,
+    /// Starts that came while the node already ran as many runs as its capacity.
+    over_capacity: AtomicU64,
 }
 
 impl Counters {
@@ -81,6 +109,9 @@ impl Counters {
             "starts": get(&self.starts),
             "finished": get(&self.finished),
             "failures": get(&self.failures),
+            "fetched": get(&self.fetched),
+            "fetch_failures": get(&self.fetch_failures),
+            "over_capacity": get(&self.over_capacity),
         })
         .to_string()
     }
@@ -116,10 +147,15 @@ async fn simulate(joins: Vec<JoinFile>, args: &Args) -> Result<()> {
     let counters = Arc::new(Counters::default());
     let joining = Arc::new(tokio::sync::Semaphore::new(args.join_concurrency));
     let since = Instant::now();
-    for join in joins {
+    for (i, join) in joins.into_iter().enumerate() {
         let (counters, joining) = (counters.clone(), joining.clone());
+        let behaviour = Behaviour {
+            capacity: args.capacity,
+            run_time: Duration::from_millis(args.run_ms),
+            blobs: args.blobs.join(format!("node-{i}")),
+        };
         tokio::spawn(async move {
-            if let Err(e) = node(join, &counters, &joining).await {
+            if let Err(e) = node(join, behaviour, &counters, &joining).await {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
                 eprintln!("a simulated node stopped: {e:#}");
             }
@@ -135,29 +171,47 @@ async fn simulate(joins: Vec<JoinFile>, args: &Args) -> Result<()> {
 }
 
 /// One node: join once, then keep a session open, reconnecting when it ends.
-async fn node(join: JoinFile, counters: &Counters, joining: &tokio::sync::Semaphore) -> Result<()> {
-    let identity = Identity {
+async fn node(
+    join: JoinFile,
+    behaviour: Behaviour,
+    counters: &Counters,
+    joining: &tokio::sync::Semaphore,
+) -> Result<()> {
+    let identity = Arc::new(Identity {
         key: rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519)?,
-    };
+    });
     let node_id = {
         let _permit = joining.acquire().await?;
         fleet_agent::join::join(&identity, &join, Duration::from_millis(200)).await?
     };
     counters.joined.fetch_add(1, Ordering::Relaxed);
-    let mut spool = Spool::default();
-    let addresses = join.addresses();
+    let coordinators = Coordinators::new(join.addresses());
+    let mut node = Sim {
+        spool: Spool::default(),
+        content: ContentLink {
+            address: coordinators.clone(),
+            node_id: node_id.clone(),
+            identity: identity.clone(),
+            pinned: join.pinned_key(),
+            validity: Duration::from_secs(3600),
+            blobs: Blobs::new(&behaviour.blobs),
+        },
+        behaviour,
+        running: 0,
+        done: tokio::sync::mpsc::unbounded_channel(),
+    };
     let mut backoff = fleet_agent::backoff::Backoff::new(Duration::from_millis(200));
-    for attempt in 0usize.. {
-        let address = &addresses[attempt % addresses.len()];
-        let ended = session(&identity, &join, address, &node_id, &mut spool, counters).await;
+    loop {
+        let address = coordinators.current();
+        let ended = session(&identity, &join, &address, &node_id, &mut node, counters).await;
         match ended {
             Ok(true) => backoff.reset(),
             Ok(false) => {}
             Err(e) => eprintln!("{node_id}: session at {address} ended: {e:#}"),
         }
+        coordinators.advance();
         tokio::time::sleep(backoff.next_delay()).await;
     }
-    Ok(())
 }
 
 /// One session at `address`; Ok(true) when it was open before it ended.
@@ -166,7 +220,7 @@ async fn session(
     join: &JoinFile,
     address: &str,
     node_id: &NodeId,
-    spool: &mut Spool,
+    node: &mut Sim,
     counters: &Counters,
 ) -> Result<bool> {
     let dialed = fleet_agent::dial::dial(
@@ -186,7 +240,7 @@ async fn session(
     };
     counters.sessions.fetch_add(1, Ordering::Relaxed);
     counters.live.fetch_add(1, Ordering::Relaxed);
-    let ended = open_session(stream, heartbeat_ms, spool, counters).await;
+    let ended = open_session(stream, heartbeat_ms, node, counters).await;
     counters.live.fetch_sub(1, Ordering::Relaxed);
     ended.map(|()| true)
 }
@@ -194,12 +248,13 @@ async fn session(
 async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut stream: S,
     heartbeat_ms: u64,
-    spool: &mut Spool,
+    node: &mut Sim,
     counters: &Counters,
 ) -> Result<()> {
-    protocol::write_msg(&mut stream, &Up::Facts { facts: facts() }).await?;
+    let facts = facts(node.behaviour.capacity);
+    protocol::write_msg(&mut stream, &Up::Facts { facts }).await?;
     // As the agent replays its spool: every event not acked yet, again.
-    for event in &spool.unacked {
+    for event in &node.spool.unacked {
         let event = event.clone();
         protocol::write_msg(&mut stream, &Up::Event { event }).await?;
     }
@@ -224,13 +279,18 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
                 }
                 counters.heartbeats.fetch_add(1, Ordering::Relaxed);
             }
+            Some(run_id) = node.done.1.recv() => {
+                if let Err(e) = node.finish(&mut writer, run_id, counters).await {
+                    break Err(e);
+                }
+            }
             msg = inbox.recv() => match msg {
                 Some(Ok(Some(Down::Command { op, command, .. }))) => {
-                    if let Err(e) = answer(&mut writer, op, command, spool, counters).await {
+                    if let Err(e) = node.answer(&mut writer, op, command, counters).await {
                         break Err(e);
                     }
                 }
-                Some(Ok(Some(Down::Ack { up_to }))) => spool.unacked.retain(|e| e.id > up_to),
+                Some(Ok(Some(Down::Ack { up_to }))) => node.spool.unacked.retain(|e| e.id > up_to),
                 Some(Ok(Some(_))) => {}
                 Some(Err(e)) => break Err(e.into()),
                 None | Some(Ok(None)) => break Ok(()),
@@ -241,65 +301,141 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
     ended
 }
 
-/// Answers one command as an agent would, a start with its two events after the answer.
-async fn answer<W: AsyncWrite + Unpin>(
-    writer: &mut W,
-    op: OpId,
-    command: Command,
-    spool: &mut Spool,
-    counters: &Counters,
-) -> Result<()> {
-    let (answer, started) = match command {
-        Command::Stage { digest, .. } => (Ok(Reply::Staged { digest }), None),
-        Command::Start(start) => {
-            // A start sent again (its answer was lost) is answered from what the node did.
-            let first = spool.started.insert(start.run_id.clone());
-            if first {
-                counters.starts.fetch_add(1, Ordering::Relaxed);
+/// One simulated node across its sessions.
+struct Sim {
+    spool: Spool,
+    /// The agent's own content path, into this node's folder.
+    content: ContentLink,
+    behaviour: Behaviour,
+    /// Runs started and not reported finished yet.
+    running: u32,
+    /// Runs whose time is up, to be reported finished (in whichever session is open then).
+    done: (
+        tokio::sync::mpsc::UnboundedSender<RunId>,
+        tokio::sync::mpsc::UnboundedReceiver<RunId>,
+    ),
+}
+
+impl Sim {
+    /// Answers one command as an agent would: a stage fetches the program, a start is reported
+    /// `running` after its answer and `finished` once its time is up.
+    async fn answer<W: AsyncWrite + Unpin>(
+        &mut self,
+        writer: &mut W,
+        op: OpId,
+        command: Command,
+        counters: &Counters,
+    ) -> Result<()> {
+        let (answer, started) = match command {
+            Command::Stage { digest } => (self.fetch(&digest, counters).await, None),
+            Command::Start(start) => {
+                let program = match &start.workload {
+                    Workload::Program(digest) => Some(*digest),
+                    _ => None,
+                };
+                // A start sent again (its answer was lost) is answered from what the node did.
+                let first = !self.spool.started.contains(&start.run_id);
+                let fetched = match program {
+                    Some(digest) if first => self.fetch(&digest, counters).await.map(drop),
+                    _ => Ok(()),
+                };
+                match fetched {
+                    Err(refusal) => (Err(refusal), None),
+                    Ok(()) => {
+                        if first {
+                            self.spool.started.insert(start.run_id.clone());
+                            counters.starts.fetch_add(1, Ordering::Relaxed);
+                            if self.behaviour.capacity.is_some_and(|c| self.running >= c) {
+                                counters.over_capacity.fetch_add(1, Ordering::Relaxed);
+                            }
+                            self.running += 1;
+                        }
+                        let reply = Reply::Started {
+                            run_id: start.run_id.clone(),
+                            already: !first,
+                        };
+                        (Ok(reply), first.then_some(start.run_id))
+                    }
+                }
             }
-            let reply = Reply::Started {
-                run_id: start.run_id.clone(),
-                already: !first,
-            };
-            (Ok(reply), first.then_some(start.run_id))
-        }
-        _ => (
-            Err(Refusal::new(
-                RefusalClass::Unsupported,
-                "a simulated node only stages and starts",
-            )),
-            None,
-        ),
-    };
-    protocol::write_msg(writer, &Up::Result { op, answer }).await?;
-    if let Some(run_id) = started {
-        for (state, outcome) in [
-            (RunState::Running, None),
-            (
-                RunState::Finished,
-                Some(Outcome {
-                    exit_code: Some(0),
-                    ..Outcome::default()
-                }),
+            _ => (
+                Err(Refusal::new(
+                    RefusalClass::Unsupported,
+                    "a simulated node only stages and starts",
+                )),
+                None,
             ),
-        ] {
-            spool.next_id += 1;
-            let event = Event {
-                id: spool.next_id,
-                run_id: run_id.clone(),
-                state,
-                report: RunReport {
-                    outcome,
-                    ..RunReport::default()
-                },
-                at_unix_ms: fleet_proto::clock::now_ms(),
-            };
-            spool.unacked.push(event.clone());
-            protocol::write_msg(writer, &Up::Event { event }).await?;
+        };
+        protocol::write_msg(writer, &Up::Result { op, answer }).await?;
+        if let Some(run_id) = started {
+            self.report(writer, &run_id, RunState::Running, None)
+                .await?;
+            let (done, run_time) = (self.done.0.clone(), self.behaviour.run_time);
+            tokio::spawn(async move {
+                tokio::time::sleep(run_time).await;
+                let _ = done.send(run_id);
+            });
         }
-        counters.finished.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
-    Ok(())
+
+    /// The program, fetched and checked on the agent's content path unless held already.
+    async fn fetch(&self, digest: &Digest, counters: &Counters) -> Answer {
+        let held = self.content.blobs.has(digest);
+        match self.content.fetch(digest).await {
+            Ok(_) => {
+                if !held {
+                    counters.fetched.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Reply::Staged { digest: *digest })
+            }
+            Err(e) => {
+                counters.fetch_failures.fetch_add(1, Ordering::Relaxed);
+                eprintln!("{}: {e}", self.content.node_id);
+                Err(Refusal::new(RefusalClass::NotStaged, e.to_string()))
+            }
+        }
+    }
+
+    async fn finish<W: AsyncWrite + Unpin>(
+        &mut self,
+        writer: &mut W,
+        run_id: RunId,
+        counters: &Counters,
+    ) -> Result<()> {
+        self.running -= 1;
+        counters.finished.fetch_add(1, Ordering::Relaxed);
+        let outcome = Outcome {
+            exit_code: Some(0),
+            ..Outcome::default()
+        };
+        self.report(writer, &run_id, RunState::Finished, Some(outcome))
+            .await
+    }
+
+    /// An event of a run, kept until acked and sent now.
+    async fn report<W: AsyncWrite + Unpin>(
+        &mut self,
+        writer: &mut W,
+        run_id: &RunId,
+        state: RunState,
+        outcome: Option<Outcome>,
+    ) -> Result<()> {
+        self.spool.next_id += 1;
+        let event = Event {
+            id: self.spool.next_id,
+            run_id: run_id.clone(),
+            state,
+            report: RunReport {
+                outcome,
+                ..RunReport::default()
+            },
+            at_unix_ms: fleet_proto::clock::now_ms(),
+        };
+        self.spool.unacked.push(event.clone());
+        protocol::write_msg(writer, &Up::Event { event }).await?;
+        Ok(())
+    }
 }
 
 /// What a simulated node remembers across its sessions, as the agent's store does: the runs it
@@ -311,7 +447,7 @@ struct Spool {
     unacked: Vec<Event>,
 }
 
-fn facts() -> Facts {
+fn facts(capacity: Option<u32>) -> Facts {
     Facts {
         arch: std::env::consts::ARCH.to_string(),
         cpus: 2,
@@ -321,8 +457,8 @@ fn facts() -> Facts {
         os: "simulated".into(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         accelerators: Vec::new(),
-        // No limit declared, as an agent from before capacities: every run is sent at once.
-        max_runs: None,
+        // None: no limit declared, as an agent from before capacities: every run is sent at once.
+        max_runs: capacity,
         measured_link: None,
     }
 }

@@ -154,7 +154,7 @@ impl ContentLink {
     /// A pinned connection whose first message is `first`.
     async fn open(
         &self,
-        what: &dyn std::fmt::Display,
+        what: &(dyn std::fmt::Display + Sync),
         first: Up,
     ) -> Result<TlsStream<TcpStream>, ContentError> {
         let cut = |cause: String| ContentError::Cut {
@@ -183,7 +183,7 @@ impl ContentLink {
     /// The coordinator's answer on a content connection; a refusal as its own error.
     async fn answer(
         &self,
-        what: &dyn std::fmt::Display,
+        what: &(dyn std::fmt::Display + Sync),
         stream: &mut TlsStream<TcpStream>,
     ) -> Result<Down, ContentError> {
         let cut = |cause: String| ContentError::Cut {
@@ -207,7 +207,7 @@ impl ContentLink {
 
 /// Runs a transfer again while it fails in a way another try may mend (a cut connection).
 pub async fn retrying<T, F: Future<Output = Result<T, ContentError>>>(
-    what: &dyn std::fmt::Display,
+    what: &(dyn std::fmt::Display + Sync),
     mut once: impl FnMut() -> F,
 ) -> Result<T, ContentError> {
     let mut tries = 1;
@@ -223,7 +223,7 @@ pub async fn retrying<T, F: Future<Output = Result<T, ContentError>>>(
     }
 }
 
-fn unexpected(what: &dyn std::fmt::Display, down: &Down) -> ContentError {
+fn unexpected(what: &(dyn std::fmt::Display + Sync), down: &Down) -> ContentError {
     ContentError::Failed {
         content: what.to_string(),
         reason: format!(

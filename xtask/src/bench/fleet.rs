@@ -29,90 +29,190 @@ pub enum StoreKind {
     Postgres,
 }
 
+/// K coordinators serving, with `nodes` simulated nodes from one loadgen per coordinator.
+struct Bench {
+    coords: Vec<Coordinator>,
+    loadgens: Vec<Proc>,
+    counters: Vec<mpsc::Receiver<Value>>,
+    pids: Vec<u32>,
+    cluster: Option<Cluster>,
+    work: std::path::PathBuf,
+    /// The coordinators' RSS before any node joined.
+    empty_kib: u64,
+    /// Until every node was in session.
+    join_s: f64,
+}
+
+impl Bench {
+    fn start(
+        nodes: usize,
+        k: usize,
+        store: StoreKind,
+        metrics: bool,
+        loadgen_flags: &[&str],
+    ) -> Result<Bench> {
+        cross::build_static(TARGET, &["fleet-coordinator", "fleet-loadgen"])?;
+        let release = cross::target_dir().join(TARGET).join("release");
+        let work = fleet::fresh_dir("bench-fleet")?;
+        let cluster = match store {
+            StoreKind::Postgres => Some(Cluster::start(&work.join("pg"), 100 + 20 * k)?),
+            StoreKind::Redb => None,
+        };
+        let heartbeat = format!("{}s", HEARTBEAT.as_secs());
+        let mut flags = vec!["--heartbeat", &heartbeat, "--lease", "30s"];
+        if !metrics {
+            flags.extend(["--metrics-listen", "off"]);
+        }
+        let url = cluster.as_ref().map(Cluster::url);
+        if let Some(url) = &url {
+            flags.extend(["--store", url]);
+        }
+        let mut coords = Vec::new();
+        for i in 0..k {
+            let data = work.join(format!("coord-{i}"));
+            if i > 0 {
+                // The fleet's key, copied as an operator would.
+                std::fs::create_dir_all(&data)?;
+                let key = work.join("coord-0").join("coordinator.key");
+                std::fs::copy(key, data.join("coordinator.key"))?;
+            }
+            let log = std::fs::File::create(work.join(format!("coord-{i}.log")))?;
+            coords.push(Coordinator::serve(
+                &release.join("fleet-coordinator"),
+                &data,
+                &flags,
+                Stdio::from(log),
+            )?);
+        }
+        let joins = join_files(&coords, nodes, &work)?;
+        let pids: Vec<u32> = coords.iter().map(Coordinator::pid).collect();
+        let empty_kib = rss_kib(&pids)?;
+
+        let mut loadgens = Vec::new();
+        let mut counters = Vec::new();
+        for (i, join) in joins.iter().enumerate() {
+            let mut loadgen = Proc::spawn(
+                Command::new(release.join("fleet-loadgen"))
+                    .arg("--join-files")
+                    .arg(join)
+                    .arg("--duration")
+                    .arg("1h")
+                    .arg("--blobs")
+                    .arg(work.join(format!("loadgen-{i}-blobs")))
+                    .args(loadgen_flags)
+                    .stdout(Stdio::piped())
+                    .stderr(std::fs::File::create(
+                        work.join(format!("loadgen-{i}.log")),
+                    )?),
+            )?;
+            counters.push(counter_lines(&mut loadgen));
+            loadgens.push(loadgen);
+        }
+        let started = Instant::now();
+        let all = nodes as u64;
+        wait_until(
+            &counters,
+            900,
+            |c| c["live"].as_u64().unwrap_or(0) >= all,
+            "all nodes in session",
+        )?;
+        Ok(Bench {
+            coords,
+            loadgens,
+            counters,
+            pids,
+            cluster,
+            work,
+            empty_kib,
+            join_s: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn rss_kib(&self) -> Result<u64> {
+        rss_kib(&self.pids)
+    }
+
+    fn counter(&self, name: &str) -> Result<u64> {
+        Ok(sum(&latest(&self.counters)?, name))
+    }
+
+    /// Runs `sets` (one `run --all` each) of a program that exits 0, and waits until the
+    /// loadgens finished `runs` of them and every row of every set is final; answers the time
+    /// from the first submit and the coordinators' peak RSS meanwhile.
+    fn dispatch(&self, sets: usize, runs: u64) -> Result<(f64, u64)> {
+        let program = self.work.join("true.sh");
+        std::fs::write(&program, "#!/bin/sh\nexit 0\n")?;
+        let started = Instant::now();
+        let mut peak_kib = self.rss_kib()?;
+        let mut ids = Vec::new();
+        for _ in 0..sets {
+            ids.push(self.coords[0].run_set(&program, &[])?);
+            peak_kib = peak_kib.max(self.rss_kib()?);
+        }
+        let mut finals = 0;
+        loop {
+            peak_kib = peak_kib.max(self.rss_kib()?);
+            if self.counter("finished")? >= runs {
+                // Once the nodes reported every end, the rows are read (each set once, as each
+                // read of thousands of rows costs the coordinator a little).
+                while finals < ids.len() {
+                    let rows: Vec<Value> = serde_json::from_str(&self.coords[0].cli(&[
+                        "status",
+                        "--set",
+                        &ids[finals],
+                        "--json",
+                    ])?)?;
+                    if !rows.iter().all(|r| r["state"] == "finished") {
+                        break;
+                    }
+                    finals += 1;
+                }
+                if finals == ids.len() {
+                    break;
+                }
+            }
+            if started.elapsed() > Duration::from_secs(900) {
+                bail!("the {runs} runs did not all finish within 15 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok((started.elapsed().as_secs_f64(), peak_kib))
+    }
+
+    fn stop(self) {
+        for mut loadgen in self.loadgens {
+            loadgen.stop();
+        }
+        for mut coord in self.coords {
+            coord.stop();
+        }
+    }
+}
+
 pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -> Result<()> {
     if coordinators > 1 && store == StoreKind::Redb {
         bail!("several coordinators share a fleet only on PostgreSQL: pass --store postgres");
     }
     let k = coordinators.max(1);
-    cross::build_static(TARGET, &["fleet-coordinator", "fleet-loadgen"])?;
-    let release = cross::target_dir().join(TARGET).join("release");
-    let work = fleet::fresh_dir("bench-fleet")?;
-    let cluster = match store {
-        StoreKind::Postgres => Some(Cluster::start(&work.join("pg"), 100 + 20 * k)?),
-        StoreKind::Redb => None,
-    };
-    let heartbeat = format!("{}s", HEARTBEAT.as_secs());
-    let mut flags = vec!["--heartbeat", &heartbeat, "--lease", "30s"];
-    if !metrics {
-        flags.extend(["--metrics-listen", "off"]);
-    }
-    let url = cluster.as_ref().map(Cluster::url);
-    if let Some(url) = &url {
-        flags.extend(["--store", url]);
-    }
-    let mut coords = Vec::new();
-    for i in 0..k {
-        let data = work.join(format!("coord-{i}"));
-        if i > 0 {
-            // The fleet's key, copied as an operator would.
-            std::fs::create_dir_all(&data)?;
-            let key = work.join("coord-0").join("coordinator.key");
-            std::fs::copy(key, data.join("coordinator.key"))?;
-        }
-        let log = std::fs::File::create(work.join(format!("coord-{i}.log")))?;
-        coords.push(Coordinator::serve(
-            &release.join("fleet-coordinator"),
-            &data,
-            &flags,
-            Stdio::from(log),
-        )?);
-    }
-    let joins = join_files(&coords, nodes, &work)?;
-    let pids: Vec<u32> = coords.iter().map(Coordinator::pid).collect();
-    let empty_kib = rss_kib(&pids)?;
-
-    let mut loadgens = Vec::new();
-    let mut counters = Vec::new();
-    for (i, join) in joins.iter().enumerate() {
-        let mut loadgen = Proc::spawn(
-            Command::new(release.join("fleet-loadgen"))
-                .arg("--join-files")
-                .arg(join)
-                .arg("--duration")
-                .arg("1h")
-                .stdout(Stdio::piped())
-                .stderr(std::fs::File::create(
-                    work.join(format!("loadgen-{i}.log")),
-                )?),
-        )?;
-        counters.push(counter_lines(&mut loadgen));
-        loadgens.push(loadgen);
-    }
+    let mut bench = Bench::start(nodes, k, store, metrics, &[])?;
+    let (empty_kib, join_s) = (bench.empty_kib, bench.join_s);
     let all = nodes as u64;
-    let started = Instant::now();
     let count = |c: &Value, name: &str| c[name].as_u64().unwrap_or(0);
-    wait_until(
-        &counters,
-        900,
-        |c| count(c, "live") >= all,
-        "all nodes in session",
-    )?;
-    let join_s = started.elapsed().as_secs_f64();
 
     // Steady state: every node heartbeating; memory and CPU of the coordinators alone.
     std::thread::sleep(HEARTBEAT * 2);
-    let idle_kib = rss_kib(&pids)?;
+    let idle_kib = bench.rss_kib()?;
     let commits = |c: &Option<Cluster>| c.as_ref().map(Cluster::commits).transpose();
     let (cpu0, beats0, commits0) = (
-        cpu_seconds(&pids)?,
-        sum(&latest(&counters)?, "heartbeats"),
-        commits(&cluster)?,
+        cpu_seconds(&bench.pids)?,
+        bench.counter("heartbeats")?,
+        commits(&bench.cluster)?,
     );
     std::thread::sleep(STEADY);
     let (cpu1, beats1, commits1) = (
-        cpu_seconds(&pids)?,
-        sum(&latest(&counters)?, "heartbeats"),
-        commits(&cluster)?,
+        cpu_seconds(&bench.pids)?,
+        bench.counter("heartbeats")?,
+        commits(&bench.cluster)?,
     );
     let beats = beats1.saturating_sub(beats0).max(1);
     let cpu_us_per_beat = (cpu1 - cpu0) * 1e6 / beats as f64;
@@ -125,44 +225,34 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
     // The first scrape reads the store; from then on the background loop keeps a census every
     // heartbeat period, which the scrapes that follow read.
     let diagnostics = match metrics {
-        true => Some(time_diagnostics(&work.join("coord-0.log"))?),
+        true => Some(time_diagnostics(&bench.work.join("coord-0.log"))?),
         false => None,
     };
 
-    // One run to every node, through the first coordinator, until every row is final.
-    let program = work.join("true.sh");
-    std::fs::write(&program, "#!/bin/sh\nexit 0\n")?;
-    let started = Instant::now();
-    let set = coords[0].run_set(&program, &[])?;
-    let mut peak_kib = idle_kib;
-    let dispatch_s = loop {
-        peak_kib = peak_kib.max(rss_kib(&pids)?);
-        if sum(&latest(&counters)?, "finished") >= all {
-            let rows: Vec<Value> =
-                serde_json::from_str(&coords[0].cli(&["status", "--set", &set, "--json"])?)?;
-            if rows.len() == nodes && rows.iter().all(|r| r["state"] == "finished") {
-                break started.elapsed().as_secs_f64();
-            }
-        }
-        if started.elapsed() > Duration::from_secs(600) {
-            bail!("the {nodes} runs did not all finish within 10 minutes");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    // One run to every node, through the first coordinator, until every row is final: each
+    // node fetches the program on the agent's content path first.
+    let (dispatch_s, peak_kib) = bench.dispatch(1, all)?;
+    let peak_kib = peak_kib.max(idle_kib);
+    let (fetched, fetch_failures) = (bench.counter("fetched")?, bench.counter("fetch_failures")?);
 
     // With several coordinators: one SIGKILLed, its nodes back in session at the others.
     let failover = if k > 1 {
-        let before = sum(&latest(&counters)?, "sessions");
+        let before = bench.counter("sessions")?;
         let killed = Instant::now();
-        coords[0].stop();
+        bench.coords[0].stop();
         let held = all / k as u64;
         let back = |c: &Value| count(c, "sessions") >= before + held && count(c, "live") >= all;
         // The others may not have room for them all (each process may hold 20 000 open files):
         // then how many came back within two minutes is the figure.
-        match wait_until(&counters, 120, back, "the killed coordinator's nodes back") {
+        match wait_until(
+            &bench.counters,
+            120,
+            back,
+            "the killed coordinator's nodes back",
+        ) {
             Ok(()) => Some(format!("{:.1} s", killed.elapsed().as_secs_f64())),
             Err(_) => {
-                let live = sum(&latest(&counters)?, "live");
+                let live = bench.counter("live")?;
                 Some(format!(
                     "{} of {held} back within 120 s, {live} of {all} in session: the other coordinators reached their open-file limit",
                     live.saturating_sub(all - held)
@@ -172,12 +262,7 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
     } else {
         None
     };
-    for mut loadgen in loadgens {
-        loadgen.stop();
-    }
-    for mut coord in coords {
-        coord.stop();
-    }
+    bench.stop();
 
     let per_node = (idle_kib.saturating_sub(empty_kib)) as f64 / nodes as f64;
     let store_name = match store {
@@ -190,8 +275,10 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
          `fleet-coordinator serve` (static `{TARGET}` release, {store_name}, heartbeat {hb} s, {listener}) and \
          {nodes} simulated nodes from `fleet-loadgen` ({k} process(es), one per coordinator) on \
          loopback, each with its own Ed25519 key, the pinned TLS join, a session with facts and \
-         heartbeats, and answers to starts (reported `running` and `finished` without running \
-         anything). One run of each figure, on one machine of 2 cores shared by every process.\n\n\
+         heartbeats, a fetch of each program on the agent's own content path (pinned TLS, hashed \
+         as it lands, once per node), and answers to starts (reported `running` and `finished` \
+         without running anything). One run of each figure, on one machine of 2 cores shared by \
+         every process.\n\n\
          | figure | value | target (issue 14) |\n\
          |---|---|---|\n\
          | all {nodes} nodes joined and in session | {join_s:.1} s | |\n\
@@ -199,7 +286,7 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
          | coordinator RSS per live node | {per_node:.1} KiB | <= 32 KiB |\n\
          | coordinator CPU per heartbeat (over {steady} s, {beats} heartbeats) | {cpu_us_per_beat:.0} µs | <= 50 µs |\n\
          | coordinators' CPU at a steady {hb} s heartbeat | {core_share:.0}% of one core | |\n\
-         | one run to each node, dispatched and every result back | {dispatch_s:.1} s | < 30 s for 10 000 |\n\
+         | one run to each node, dispatched, its program fetched ({fetched} fetches, {fetch_failures} failed) and every result back | {dispatch_s:.1} s | < 30 s for 10 000 (redb), < 60 s (PostgreSQL), no fetch failing |\n\
          | coordinators' peak RSS while dispatching / idle | {peak:.1} MiB ({ratio:.2}x) | <= 2x |\n",
         store_arg = match store {
             StoreKind::Redb => "redb",
@@ -250,6 +337,61 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
         ),
         &markdown,
     )
+}
+
+/// Runs each node gets in the queue benchmark, and its capacity.
+const QUEUED_PER_NODE: usize = 10;
+const QUEUE_CAPACITY: u32 = 4;
+/// How long a queued run "runs" on a simulated node before it reports its end.
+const QUEUED_RUN_MS: u64 = 250;
+
+/// `bench fleet --queue`: ten runs to every node of capacity four (one `run --all` ten times),
+/// so most wait queued for capacity and start as slots free; the loadgen counts every start
+/// beyond a node's capacity.
+pub fn queue(nodes: usize, store: StoreKind) -> Result<()> {
+    let capacity = QUEUE_CAPACITY.to_string();
+    let run_ms = QUEUED_RUN_MS.to_string();
+    let flags = ["--capacity", &capacity, "--run-ms", &run_ms];
+    let bench = Bench::start(nodes, 1, store, false, &flags)?;
+    std::thread::sleep(HEARTBEAT * 2);
+    let idle_kib = bench.rss_kib()?;
+    let runs = (nodes * QUEUED_PER_NODE) as u64;
+    let (final_s, peak_kib) = bench.dispatch(QUEUED_PER_NODE, runs)?;
+    let peak_kib = peak_kib.max(idle_kib);
+    let (starts, over, fetched, fetch_failures) = (
+        bench.counter("starts")?,
+        bench.counter("over_capacity")?,
+        bench.counter("fetched")?,
+        bench.counter("fetch_failures")?,
+    );
+    bench.stop();
+    let (store_arg, target_s) = match store {
+        StoreKind::Redb => ("redb", 60),
+        StoreKind::Postgres => ("postgres", 120),
+    };
+    let markdown = format!(
+        "## fleet queue: {store:?}, {runs} runs to {nodes} nodes of capacity {QUEUE_CAPACITY}\n\n\
+         `cargo xtask bench fleet --queue --nodes {nodes} --store {store_arg}`: one \
+         `fleet-coordinator serve` (static `{TARGET}` release, metrics listener off) and {nodes} \
+         simulated nodes from `fleet-loadgen`, each declaring capacity {QUEUE_CAPACITY}, fetching \
+         the program once on the agent's content path and reporting each run's end \
+         {QUEUED_RUN_MS} ms after its start. `run --all` {QUEUED_PER_NODE} times: {runs} runs, \
+         most of them queued for capacity. One run, on one machine of 2 cores shared by every \
+         process.\n\n\
+         | figure | value | target (issue 22) |\n\
+         |---|---|---|\n\
+         | every row final, from the first submit | {final_s:.1} s | < {target_s} s |\n\
+         | runs started a second | {rate:.0} | |\n\
+         | starts beyond a node's capacity (counted by the nodes) | {over} of {starts} | 0 |\n\
+         | programs fetched / fetches failed | {fetched} / {fetch_failures} | {nodes} / 0 |\n\
+         | coordinator's peak RSS / idle with every session held | {peak:.1} MiB / {idle:.1} MiB ({ratio:.2}x) | <= 2x |\n",
+        rate = runs as f64 / final_s,
+        peak = peak_kib as f64 / 1024.0,
+        idle = idle_kib as f64 / 1024.0,
+        ratio = peak_kib as f64 / idle_kib.max(1) as f64,
+    );
+    println!("{markdown}");
+    record_benchmark(&format!("fleet-queue-{store_arg}-{nodes}"), &markdown)
 }
 
 /// What the diagnostic listener's requests took.

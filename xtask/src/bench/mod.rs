@@ -39,6 +39,10 @@ pub enum Which {
         /// Serve with the metrics listener off (`--metrics-listen off`), to compare its cost
         #[arg(long)]
         no_metrics: bool,
+        /// Ten runs to every node of capacity four instead (one coordinator): the queue for
+        /// capacity, until every row is final
+        #[arg(long, conflicts_with_all = ["coordinators", "no_metrics"])]
+        queue: bool,
     },
     /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
     Content,
@@ -73,7 +77,11 @@ pub fn run(which: Which) -> Result<()> {
             coordinators,
             store,
             no_metrics,
-        } => fleet::run(nodes, coordinators, store, !no_metrics),
+            queue,
+        } => match queue {
+            true => fleet::queue(nodes, store),
+            false => fleet::run(nodes, coordinators, store, !no_metrics),
+        },
         Which::Content => content::run(),
         Which::Flood {
             rate,

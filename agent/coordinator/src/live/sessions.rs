@@ -14,6 +14,8 @@ pub(crate) type NodeCall = Box<(Command, oneshot::Sender<Answer>)>;
 /// One node's live session, as the rest of the coordinator reaches it.
 pub(crate) struct SessionHandle {
     generation: u64,
+    /// The key the node's session certificate carried (checked against its record at open).
+    key: Box<[u8]>,
     /// Commands for the node, answered through the session.
     calls: mpsc::Sender<NodeCall>,
     /// Woken when runs may wait for the node: the session then reads its own waiting runs.
@@ -26,12 +28,14 @@ impl SessionHandle {
     /// The handle, and what its session watches for the node's end.
     pub(crate) fn new(
         generation: u64,
+        key: &[u8],
         calls: mpsc::Sender<NodeCall>,
         wake: Arc<Notify>,
     ) -> (Self, watch::Receiver<Option<NodeEnd>>) {
         let (end, ending) = watch::channel(None);
         let handle = SessionHandle {
             generation,
+            key: key.into(),
             calls,
             wake,
             end,
@@ -103,6 +107,12 @@ impl Sessions {
         self.by_node.lock().contains_key(node_id)
     }
 
+    /// Whether a session of `node_id` is held here, opened with `key`: the node is known, with
+    /// that key, and was not ended when it opened (an end cuts it within [`crate::serve`]'s look).
+    pub(crate) fn holds_with_key(&self, node_id: &NodeId, key: &[u8]) -> bool {
+        (self.by_node.lock().get(node_id)).is_some_and(|s| *s.key == *key)
+    }
+
     /// `serve` takes new sessions (true) or no longer does (false).
     pub(crate) fn set_accepting(&self, accepting: bool) {
         (self.accepting).store(accepting, std::sync::atomic::Ordering::SeqCst);
@@ -125,7 +135,7 @@ mod tests {
     fn handle(generation: u64) -> (SessionHandle, mpsc::Receiver<NodeCall>, Arc<Notify>) {
         let (calls, inbox) = mpsc::channel(1);
         let wake = Arc::new(Notify::new());
-        let (handle, _) = SessionHandle::new(generation, calls, wake.clone());
+        let (handle, _) = SessionHandle::new(generation, b"key", calls, wake.clone());
         (handle, inbox, wake)
     }
 
@@ -156,5 +166,8 @@ mod tests {
             .expect("n-1 is woken");
         assert!(sessions.calls(&n1).is_some());
         assert!(sessions.calls(&n2).is_none());
+        assert!(sessions.holds_with_key(&n1, b"key"));
+        assert!(!sessions.holds_with_key(&n1, b"another key"));
+        assert!(!sessions.holds_with_key(&n2, b"key"));
     }
 }

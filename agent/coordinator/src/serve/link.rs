@@ -112,7 +112,7 @@ pub(super) async fn session(
     let lapses = tokio::time::Instant::now() + Duration::from_secs(length as u64);
     let (calls_tx, calls) = mpsc::channel(16);
     let wake = Arc::new(Notify::new());
-    let (handle, ending) = SessionHandle::new(generation, calls_tx, wake.clone());
+    let (handle, ending) = SessionHandle::new(generation, &cert.key, calls_tx, wake.clone());
     // Given up when the session ends, unless a newer session of the node took its place.
     let _registered = coordinator.sessions().register(&node_id, handle);
     let (reader, writer) = tokio::io::split(stream);
