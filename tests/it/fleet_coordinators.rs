@@ -388,75 +388,50 @@ fn postgres_restarted_mid_dispatch_loses_nothing() {
     }
 }
 
+/// An operator who forgot to copy the fleet's key: the folder's own key is refused by the store,
+/// which knows the fleet's, for `serve` and for every operator command, naming both keys; nothing
+/// is recorded.
 #[test]
-fn a_coordinator_on_the_fleet_store_with_another_key_is_named_when_content_is_copied_from_it() {
+fn a_coordinator_key_that_is_not_the_fleets_is_refused_naming_both() {
     let mut fleet = Fleet::new(1);
     fleet.add_agent("m1", 0);
-    // An operator forgot to copy the fleet's key: this one made a key of its own.
     let stray_data = fleet.path("coord-stray");
-    // One copy only: with more, its `run` is refused at once, naming the key it met (below).
-    let stray = Coordinator::start(
-        &stray_data,
-        &["--store", &fleet.url, "--content-copies", "1"],
+    // The folder made a key of its own the first time it was used.
+    let stray_out = testkit::output(
+        testkit::cmd("fleet-coordinator")
+            .arg("--data")
+            .arg(&stray_data)
+            .args(["serve", "--listen", "127.0.0.1:0", "--store", &fleet.url]),
     );
-    let known = wait_until(WAIT, || {
-        let join: Value = serde_json::from_str(&fleet.coords[0].token(&[])).unwrap();
-        join["alternates"].as_array().map_or(0, Vec::len) == 1
-    });
-    assert!(known, "the stray coordinator was never recorded");
-    // The program lands in the stray coordinator's blob store; the node's coordinator must copy it.
-    let (_, program) = fleet.effect_program("");
-    let set = testkit::ok(
-        stray
-            .command()
-            .args(["run", "--node", "m1", "--program"])
-            .arg(&program),
-    );
-    // No holder the node's coordinator may copy from: the run waits, its row naming why.
+    assert!(!stray_out.status.success());
+    let fleet_key = stray_key(&fleet.coords[0].data);
     let line = format!(
-        "the coordinator at {} presented key {}",
-        stray.addr,
-        stray_key(&stray_data)
+        "the coordinator key in {} is {}, but the store {} belongs to the fleet of {fleet_key}: copy the fleet's coordinator.key into this data folder (or pass the data folder of a coordinator of that fleet), or use a store of its own",
+        stray_data.display(),
+        stray_key(&stray_data),
+        fleet.url,
     );
-    let set = set.trim().to_string();
-    let named = wait_until(WAIT, || {
-        let row = fleet.row(0, &set);
-        row["state"] == "waiting" && row["error"].as_str().is_some_and(|e| e.contains(&line))
-    });
-    assert!(named, "{:#}", fleet.row(0, &set));
-    let log = fleet.coords[0].log_text();
-    assert!(
-        log.lines().any(|l| l.contains(&line)
-            && l.contains("not this fleet's key")
-            && l.contains(
-                "holds another coordinator.key; copy this fleet's key there and restart it"
-            )),
-        "{log}"
+    let stderr = String::from_utf8_lossy(&stray_out.stderr);
+    assert!(stderr.trim_end().ends_with(&line), "{stderr}");
+    let refused = testkit::fails(
+        testkit::cmd("fleet-coordinator")
+            .arg("--data")
+            .arg(&stray_data)
+            .args(["--store", &fleet.url, "token", "--name", "m2"]),
     );
-    // With the default two copies, a run through such a coordinator is refused at once, naming
-    // the key it met, and nothing is recorded.
-    drop(stray);
-    let stray = Coordinator::start(&stray_data, &["--store", &fleet.url]);
-    let refused = fleet_refusal(&stray, &program);
-    assert!(
-        refused.contains(&format!(
-            "the coordinator at {} presented key",
-            fleet.coords[0].addr
-        )) && refused
-            .ends_with("nothing was recorded: run it again once the fleet's coordinators answer"),
-        "{refused}"
+    assert!(refused.trim_end().ends_with(&line), "{refused}");
+    // Never recorded as a member, and no token minted.
+    let join: Value = serde_json::from_str(&fleet.coords[0].token(&[])).unwrap();
+    assert_eq!(
+        join["alternates"].as_array().map_or(0, Vec::len),
+        0,
+        "{join}"
     );
-}
-
-/// `run --node m1 --program P` through `coord`, refused: its one line.
-fn fleet_refusal(coord: &Coordinator, program: &Path) -> String {
-    coord.refusal(&[
-        "run",
-        "--node",
-        "m1",
-        "--program",
-        program.to_str().unwrap(),
-    ])
+    let nodes: Value = serde_json::from_str(&testkit::ok(
+        fleet.coords[0].command().args(["nodes", "--json"]),
+    ))
+    .unwrap();
+    assert_eq!(nodes[0]["runs_out"], 0, "{nodes:#}");
 }
 
 /// The public key of the coordinator whose data folder is `data`, as `nodes` shows keys.

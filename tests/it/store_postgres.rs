@@ -450,6 +450,8 @@ fn schema_1_database_upgraded_at_open() {
     let db = database_of(&url);
     pg.sql(db, &sql);
     let store = open(&url);
+    // Schema 3's table is there: the first key is recorded.
+    assert_eq!(store.claim_fleet_key("ed25519:k").unwrap(), "ed25519:k");
     let waiting_ids: Vec<RunId> = (store.waiting_runs(&"n-a".into()).unwrap())
         .into_iter()
         .map(|r| r.id)

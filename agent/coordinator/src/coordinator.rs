@@ -108,6 +108,17 @@ impl Coordinator {
         files::create_private_dir(data).map_err(data_err)?;
         let key = load_or_create_key(&data.join(KEY_FILE))?;
         let store = Arc::new(Store::open(store.backend(data)?, KEEP_FINAL_RUNS)?);
+        // Every coordinator of a fleet holds the same key: the nodes pin it.
+        let ours = pin::key_text(key.public_key_raw());
+        let fleet = store.claim_fleet_key(&ours)?;
+        if fleet != ours {
+            return Err(CoordinatorError::ForeignKey {
+                data: data.to_path_buf(),
+                ours,
+                fleet,
+                store: store.location(),
+            });
+        }
         let recorder = Recorder::default();
         Ok(Coordinator {
             data: data.to_path_buf(),

@@ -30,6 +30,16 @@ pub enum CoordinatorError {
         "--store takes a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, not `{0}`; leave it out for the embedded store in the data directory"
     )]
     StoreChoice(String),
+    /// The data folder's key is not the one the fleet's store was first served with.
+    #[error(
+        "the coordinator key in {} is {ours}, but the store {store} belongs to the fleet of {fleet}: copy the fleet's coordinator.key into this data folder (or pass the data folder of a coordinator of that fleet), or use a store of its own"
+    , data.display())]
+    ForeignKey {
+        data: PathBuf,
+        ours: String,
+        fleet: String,
+        store: String,
+    },
     #[error("cannot read the bundle {}: {cause}: build it with `cargo xtask dist`", path.display())]
     Bundle {
         path: PathBuf,

@@ -98,6 +98,7 @@ pub const RULES: &[(&str, Rule)] = &[
         "a_lost_run_with_retries_is_placed_again_once",
         a_lost_run_with_retries_is_placed_again_once,
     ),
+    ("the_first_key_is_the_fleets", the_first_key_is_the_fleets),
     (
         "runs_queued_for_a_match_go_to_distinct_matching_nodes",
         runs_queued_for_a_match_go_to_distinct_matching_nodes,
@@ -857,6 +858,23 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
 
 /// A store of another schema version is refused at open, with one line naming the store and
 /// both versions.
+/// The first coordinator's key becomes the fleet's; a later one learns it and changes nothing.
+pub fn the_first_key_is_the_fleets(blank: Blank) {
+    let store = Store::open(blank(), KEEP_FINAL_RUNS).unwrap();
+    assert_eq!(
+        store.claim_fleet_key("ed25519:first").unwrap(),
+        "ed25519:first"
+    );
+    assert_eq!(
+        store.claim_fleet_key("ed25519:other").unwrap(),
+        "ed25519:first"
+    );
+    assert_eq!(
+        store.claim_fleet_key("ed25519:first").unwrap(),
+        "ed25519:first"
+    );
+}
+
 pub fn schema_version_mismatch_refused(blank: Blank) {
     let backend = blank();
     let location = backend.location();

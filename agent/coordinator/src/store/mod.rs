@@ -44,7 +44,7 @@ pub const KEEP_FINAL_RUNS: u64 = 1000;
 ///
 /// 1: one retention order for the whole fleet; 2: retention per node, a waiting index per node,
 /// and the lease apart from the node's record (a heartbeat writes only it).
-pub const SCHEMA_VERSION: u64 = 2;
+pub const SCHEMA_VERSION: u64 = 3;
 
 /// A heartbeat as written: when it came, and until when it holds the node's lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,6 +419,9 @@ pub trait ReadTx {
     /// How many times a node was ended (retired or revoked): a coordinator that sees it change
     /// reads the nodes and cuts the sessions of the ended ones.
     fn node_ends(&self) -> StoreResult<u64>;
+    /// The public key of the fleet's coordinators (`ed25519:...`), recorded by the first one
+    /// that opened the store.
+    fn fleet_key(&self) -> StoreResult<Option<String>>;
 }
 
 /// Writes inside a transaction (on top of its reads, which see them).
@@ -453,6 +456,8 @@ pub trait WriteTx: ReadTx {
     fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()>;
     /// Counts one more node ended (see [`ReadTx::node_ends`]).
     fn count_node_end(&mut self) -> StoreResult<()>;
+    /// Records the fleet's public key (see [`ReadTx::fleet_key`]).
+    fn set_fleet_key(&mut self, key: &str) -> StoreResult<()>;
     /// Removes the node's record, lease and event mark; its runs stay as history.
     fn remove_node(&mut self, id: &NodeId) -> StoreResult<()>;
 }

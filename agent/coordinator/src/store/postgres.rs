@@ -58,6 +58,8 @@ const MIGRATIONS: &[&str] = &[
      INSERT INTO event_marks (node_id, last_event_id)
          SELECT id, (record->>'last_event_id')::bigint FROM nodes
          WHERE (record->>'last_event_id')::bigint > 0;",
+    // 3: the fleet's public key, so a coordinator with another key is refused.
+    "CREATE TABLE fleet (key text PRIMARY KEY, value text NOT NULL);",
 ];
 
 const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
@@ -792,6 +794,11 @@ impl ReadTx for PgTx<'_> {
         let row = self.query_opt("SELECT value FROM meta WHERE key = 'node_ends'", &[])?;
         Ok(row.map_or(0, |row| count(row.get(0))))
     }
+
+    fn fleet_key(&self) -> StoreResult<Option<String>> {
+        let row = self.query_opt("SELECT value FROM fleet WHERE key = 'public_key'", &[])?;
+        Ok(row.map(|row| row.get(0)))
+    }
 }
 
 /// The run ids in the first column of each row.
@@ -956,6 +963,14 @@ impl WriteTx for PgTx<'_> {
             "INSERT INTO meta (key, value) VALUES ('node_ends', 1)
              ON CONFLICT (key) DO UPDATE SET value = meta.value + 1",
             &[],
+        )
+    }
+
+    fn set_fleet_key(&mut self, key: &str) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO fleet (key, value) VALUES ('public_key', $1)
+             ON CONFLICT (key) DO UPDATE SET value = $1",
+            &[&key],
         )
     }
 

@@ -34,6 +34,9 @@ const FINAL_COUNTS: TableDefinition<&str, u64> = TableDefinition::new("final_cou
 const EVENT_MARKS: TableDefinition<&str, u64> = TableDefinition::new("event_marks");
 /// Coordinator address -> when it last said it serves this store.
 const COORDINATORS: TableDefinition<&str, u64> = TableDefinition::new("coordinators");
+/// `public_key` -> the fleet's public key (schema 3).
+const FLEET: TableDefinition<&str, &str> = TableDefinition::new("fleet");
+const FLEET_KEY: &str = "public_key";
 /// `schema_version`, and `final_seq` (the last sequence number given in FINAL).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -119,6 +122,7 @@ impl Backend for RedbBackend {
         tx.open_table(FINAL_COUNTS).map_err(fail)?;
         tx.open_table(COORDINATORS).map_err(fail)?;
         tx.open_table(EVENT_MARKS).map_err(fail)?;
+        tx.open_table(FLEET).map_err(fail)?;
         tx.open_table(META)
             .map_err(fail)?
             .insert(SCHEMA_KEY, version)
@@ -126,11 +130,8 @@ impl Backend for RedbBackend {
         tx.commit().map_err(fail)
     }
 
-    /// 1 -> 2: the fleet-wide active and final orders become per-node indexes, runs not yet
-    /// taken get a waiting index, leases move out of the node records, the emptied programs
-    /// table goes.
     fn upgrade(&self, from: u64, to: u64) -> StoreResult<()> {
-        if (from, to) != (1, 2) {
+        if !matches!((from, to), (1 | 2, 3)) {
             return Err(StoreError::Db(format!(
                 "no upgrade from schema {from} to {to}"
             )));
@@ -138,54 +139,11 @@ impl Backend for RedbBackend {
         let mut tx = RedbWrite {
             tx: self.db.begin_write().map_err(fail)?,
         };
-        let mut active = Vec::new();
-        for entry in tx
-            .tx
-            .open_table(v1::ACTIVE)
-            .map_err(fail)?
-            .iter()
-            .map_err(fail)?
-        {
-            let (run, node) = entry.map_err(fail)?;
-            active.push((stored_run_id(run.value())?, NodeId::new(node.value())));
+        if from == 1 {
+            upgrade_1_to_2(&mut tx)?;
         }
-        let mut ended = Vec::new();
-        for entry in tx
-            .tx
-            .open_table(v1::FINAL)
-            .map_err(fail)?
-            .iter()
-            .map_err(fail)?
-        {
-            ended.push(stored_run_id(entry.map_err(fail)?.1.value())?);
-        }
-        for (run_id, node_id) in &active {
-            tx.put_active(run_id, node_id)?;
-            if tx.run(run_id)?.is_some_and(|r| !r.accepted) {
-                tx.put_waiting(run_id, node_id)?;
-            }
-        }
-        for run_id in &ended {
-            if let Some(run) = tx.run(run_id)? {
-                tx.push_final(run_id, &run.node_id)?;
-            }
-        }
-        let nodes = all_json::<NodeRecord>(&tx.tx.open_table(NODES).map_err(fail)?)?;
-        for (id, node) in nodes {
-            tx.set_last_event_id(&node.id, node.last_event_id)?;
-            let lease = (node.last_heartbeat_ms, node.lease_until_ms);
-            tx.tx
-                .open_table(LEASES)
-                .map_err(fail)?
-                .insert(id.as_str(), lease)
-                .map_err(fail)?;
-        }
-        tx.tx.delete_table(v1::ACTIVE).map_err(fail)?;
-        tx.tx.delete_table(v1::FINAL).map_err(fail)?;
-        tx.tx.delete_table(v1::PROGRAMS).map_err(fail)?;
-        tx.tx.open_table(WAITING).map_err(fail)?;
-        tx.tx.open_table(FINAL_COUNTS).map_err(fail)?;
-        tx.tx.open_table(COORDINATORS).map_err(fail)?;
+        // 2 -> 3: the fleet's public key.
+        tx.tx.open_table(FLEET).map_err(fail)?;
         tx.tx
             .open_table(META)
             .map_err(fail)?
@@ -254,6 +212,61 @@ fn all_json<T: DeserializeOwned>(
 }
 
 /// The reads, the same over a read transaction and a write transaction.
+/// Schema 1 -> 2: the fleet-wide active and final orders become per-node indexes, runs not yet
+/// taken get a waiting index, leases move out of the node records, the emptied programs table
+/// goes.
+fn upgrade_1_to_2(tx: &mut RedbWrite) -> StoreResult<()> {
+    let mut active = Vec::new();
+    for entry in tx
+        .tx
+        .open_table(v1::ACTIVE)
+        .map_err(fail)?
+        .iter()
+        .map_err(fail)?
+    {
+        let (run, node) = entry.map_err(fail)?;
+        active.push((stored_run_id(run.value())?, NodeId::new(node.value())));
+    }
+    let mut ended = Vec::new();
+    for entry in tx
+        .tx
+        .open_table(v1::FINAL)
+        .map_err(fail)?
+        .iter()
+        .map_err(fail)?
+    {
+        ended.push(stored_run_id(entry.map_err(fail)?.1.value())?);
+    }
+    for (run_id, node_id) in &active {
+        tx.put_active(run_id, node_id)?;
+        if tx.run(run_id)?.is_some_and(|r| !r.accepted) {
+            tx.put_waiting(run_id, node_id)?;
+        }
+    }
+    for run_id in &ended {
+        if let Some(run) = tx.run(run_id)? {
+            tx.push_final(run_id, &run.node_id)?;
+        }
+    }
+    let nodes = all_json::<NodeRecord>(&tx.tx.open_table(NODES).map_err(fail)?)?;
+    for (id, node) in nodes {
+        tx.set_last_event_id(&node.id, node.last_event_id)?;
+        let lease = (node.last_heartbeat_ms, node.lease_until_ms);
+        tx.tx
+            .open_table(LEASES)
+            .map_err(fail)?
+            .insert(id.as_str(), lease)
+            .map_err(fail)?;
+    }
+    tx.tx.delete_table(v1::ACTIVE).map_err(fail)?;
+    tx.tx.delete_table(v1::FINAL).map_err(fail)?;
+    tx.tx.delete_table(v1::PROGRAMS).map_err(fail)?;
+    tx.tx.open_table(WAITING).map_err(fail)?;
+    tx.tx.open_table(FINAL_COUNTS).map_err(fail)?;
+    tx.tx.open_table(COORDINATORS).map_err(fail)?;
+    Ok(())
+}
+
 macro_rules! reads {
     ($ty:ty) => {
         impl ReadTx for $ty {
@@ -370,6 +383,12 @@ macro_rules! reads {
                     .get(NODE_ENDS_KEY)
                     .map_err(fail)?
                     .map_or(0, |v| v.value()))
+            }
+
+            fn fleet_key(&self) -> StoreResult<Option<String>> {
+                let fleet = self.tx.open_table(FLEET).map_err(fail)?;
+                let key = fleet.get(FLEET_KEY).map_err(fail)?;
+                Ok(key.map(|k| k.value().to_string()))
             }
         }
     };
@@ -571,6 +590,11 @@ impl WriteTx for RedbWrite {
         meta.insert(NODE_ENDS_KEY, ends).map_err(fail).map(drop)
     }
 
+    fn set_fleet_key(&mut self, key: &str) -> StoreResult<()> {
+        let mut fleet = self.tx.open_table(FLEET).map_err(fail)?;
+        fleet.insert(FLEET_KEY, key).map_err(fail).map(drop)
+    }
+
     fn remove_node(&mut self, id: &NodeId) -> StoreResult<()> {
         let mut nodes = self.tx.open_table(NODES).map_err(fail)?;
         nodes.remove(id.as_str()).map_err(fail)?;
@@ -628,6 +652,7 @@ mod tests {
     }
 
     conformance_tests!(
+        the_first_key_is_the_fleets,
         token_spent_once,
         expired_token_refused_and_pruned_at_next_mint,
         failed_bootstrap_recorded_once_and_burns_its_token,
@@ -693,6 +718,8 @@ mod tests {
             tx.commit().unwrap();
         }
         let store = Store::open(Box::new(RedbBackend::open(&path).unwrap()), 10).unwrap();
+        // Schema 3's table is there: the first key is recorded.
+        assert_eq!(store.claim_fleet_key("ed25519:k").unwrap(), "ed25519:k");
         let waiting_ids: Vec<RunId> = (store.waiting_runs(&"n-a".into()).unwrap())
             .into_iter()
             .map(|r| r.id)

@@ -366,6 +366,15 @@ impl Store {
         })
     }
 
+    /// The fleet's public key: the one recorded, or `key` when none was (this coordinator is the
+    /// store's first); the caller compares it with its own.
+    pub fn claim_fleet_key(&self, key: &str) -> StoreResult<String> {
+        self.write(|tx| match tx.fleet_key()? {
+            Some(fleet) => Ok(fleet),
+            None => tx.set_fleet_key(key).map(|()| key.to_string()),
+        })
+    }
+
     /// Changes every time a node is ended; see [`ReadTx::node_ends`].
     pub fn node_ends(&self) -> StoreResult<u64> {
         self.read(|tx| tx.node_ends())
