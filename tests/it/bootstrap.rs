@@ -18,6 +18,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use testkit::agent::{Coordinator, wait_until};
+use testkit::netns::Net;
 
 const WAIT: Duration = Duration::from_secs(30);
 const JOIN_FILE: &str = "run/octomy/fleet.json";
@@ -26,62 +27,6 @@ const AGENT_LOG: &str = "var/log/fleet-agent.log";
 /// Runs a command that must succeed, naming it when it does not.
 fn sh(cmd: &mut Command) -> String {
     testkit::ok(cmd)
-}
-
-/// A network namespace joined to the host by a veth pair; both removed when dropped. The
-/// addresses are private ones that exist only inside this pair.
-struct Net {
-    ns: String,
-    host_if: String,
-    host_ip: String,
-}
-
-impl Net {
-    fn new(index: u8) -> Net {
-        let pid = std::process::id();
-        // A /30 of 10/8 of this process's own, so concurrent test runs never share one.
-        let subnet = format!("10.{}.{}", 100 + pid % 100, (pid / 100) % 250);
-        let net = Net {
-            ns: format!("fleet-boot-{pid}-{index}"),
-            host_if: format!("fb{}h{index}", pid % 100_000),
-            host_ip: format!("{subnet}.{}", index * 4 + 1),
-        };
-        let machine_if = format!("fb{}m{index}", pid % 100_000);
-        let machine_ip = format!("{subnet}.{}/30", index * 4 + 2);
-        sh(Command::new("ip").args(["netns", "add", &net.ns]));
-        sh(Command::new("ip").args([
-            "link",
-            "add",
-            &net.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &machine_if,
-            "netns",
-            &net.ns,
-        ]));
-        let host_cidr = format!("{}/30", net.host_ip);
-        sh(Command::new("ip").args(["addr", "add", &host_cidr, "dev", &net.host_if]));
-        sh(Command::new("ip").args(["link", "set", &net.host_if, "up"]));
-        let inside = |args: &[&str]| {
-            sh(Command::new("ip").args(["-n", &net.ns]).args(args));
-        };
-        inside(&["addr", "add", &machine_ip, "dev", &machine_if]);
-        inside(&["link", "set", &machine_if, "up"]);
-        inside(&["link", "set", "lo", "up"]);
-        net
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -178,7 +123,7 @@ impl Machine {
              *) echo \"systemctl stand-in: $* is not supported\" >&2; exit 1 ;;\n\
              esac",
         );
-        let net = Net::new(index);
+        let net = Net::new("fb", index);
         let machine = Machine {
             root,
             net,

@@ -835,3 +835,45 @@ fn a_run_whose_content_is_gone_fails_at_the_waiting_timeout_naming_it() {
     assert!(!error.contains('\n'));
     assert!(!effects.exists(), "it never ran");
 }
+
+/// A join file's address that is a DNS name is resolved again at each try, and each address it
+/// resolves to is tried in turn. The machine has a network namespace and a hosts file of its own:
+/// the name first resolves only to an address where no coordinator listens; once the name also
+/// resolves to the coordinator's address (after the dead one), the node joins.
+#[test]
+fn a_dns_name_is_resolved_at_each_try_and_each_of_its_addresses_tried() {
+    let dir = testkit::tempdir();
+    let net = testkit::netns::Net::new("fd", 0);
+    let live_ip = net.add_host_address(200);
+    let coord = Coordinator::start_on(&dir.path().join("coord"), &format!("{live_ip}:0"), &[]);
+    let port = coord.addr.rsplit_once(':').unwrap().1.to_string();
+    let name = "coordinator.fleet.test";
+    let dead = format!("{} {name}\n", net.host_ip);
+    net.set_hosts(&format!("127.0.0.1 localhost\n{dead}"));
+    let mut join: Value = serde_json::from_str(&coord.token(&["--name", "m1"])).unwrap();
+    join["address"] = Value::from(format!("{name}:{port}"));
+    let machine = dir.path().join("m1");
+    std::fs::create_dir_all(&machine).unwrap();
+    std::fs::write(machine.join("fleet.json"), join.to_string()).unwrap();
+    let agent = Agent::spawn(
+        &dir.path().join("m1.log"),
+        net.command(&testkit::agent::machine_command(&machine)),
+    );
+    let refused = format!("address={name}:{port}");
+    let tried = wait_until(WAIT, || {
+        (agent.log_text().lines())
+            .filter(|l| l.contains("join attempt failed") && l.contains(&refused))
+            .count()
+            >= 2
+    });
+    assert!(tried, "{}", agent.log_text());
+    assert_eq!(agent.count("Joined"), 0, "{}", agent.log_text());
+    // The name now answers the dead address first, then the coordinator's.
+    net.set_hosts(&format!("127.0.0.1 localhost\n{dead}{live_ip} {name}\n"));
+    assert!(
+        agent.wait_for("session open", 1, WAIT),
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(coord.nodes().len(), 1);
+}

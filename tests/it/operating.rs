@@ -21,13 +21,19 @@ struct Fleet {
 
 impl Fleet {
     fn new(postgres: bool) -> Fleet {
+        Fleet::serving(postgres, &[])
+    }
+
+    /// Like [`Fleet::new`], the coordinator serving with `flags` too.
+    fn serving(postgres: bool, flags: &[&str]) -> Fleet {
         let dir = testkit::tempdir();
         let pg = postgres.then(Postgres::start);
         let url = pg.as_ref().map(Postgres::fresh_database);
-        let store: Vec<&str> = match &url {
+        let mut store: Vec<&str> = match &url {
             Some(url) => vec!["--store", url],
             None => vec![],
         };
+        store.extend_from_slice(flags);
         let coord = Coordinator::start(&dir.path().join("coord"), &store);
         Fleet {
             dir,
@@ -783,4 +789,37 @@ fn a_set_asked_for_more_nodes_than_match_waits_for_a_match() {
     want.sort();
     assert_eq!(nodes, want, "one row on each lab machine");
     assert_eq!(lines_of(&fleet.effects()), vec!["lab", "lab"]);
+}
+
+/// A fetch window of one: the nodes fetch a dispatch's program one after another, the runs of
+/// the others waiting their turn in order, and every run of two programs still runs once.
+#[test]
+fn a_fetch_window_of_one_delivers_every_run_in_turn() {
+    let mut fleet = Fleet::serving(false, &["--fetch-window", "1"]);
+    for name in ["m1", "m2", "m3"] {
+        fleet.add_agent(name);
+    }
+    let (first, second) = (fleet.program("first", 0.0), fleet.program("second", 0.0));
+    let sets = [
+        fleet.run(&["--all"], &first, "first"),
+        fleet.run(&["--all"], &second, "second"),
+    ];
+    let done = wait_until(WAIT, || {
+        (sets.iter()).all(|set| {
+            let rows = fleet.rows(set);
+            rows.len() == 3 && rows.iter().all(is_final)
+        })
+    });
+    assert!(done, "{:#?}", sets.map(|s| fleet.rows(&s)));
+    for set in &sets {
+        for row in fleet.rows(set) {
+            assert_eq!(row["state"], "finished", "{row:#}");
+        }
+    }
+    let mut effects = lines_of(&fleet.effects());
+    effects.sort();
+    assert_eq!(
+        effects,
+        ["first", "first", "first", "second", "second", "second"]
+    );
 }

@@ -1,6 +1,7 @@
 //! Small helpers for the workspace tests: where the built binaries are, and running them.
 pub mod agent;
 pub mod docker;
+pub mod netns;
 pub mod oci;
 pub mod pki;
 pub mod postgres;

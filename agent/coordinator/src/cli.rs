@@ -311,6 +311,11 @@ pub struct ServeArgs {
     /// many coordinators of the fleet, or all when fewer serve, before `run` records the runs
     #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub content_copies: u32,
+    /// Nodes fetching a program from this coordinator because it sent them a stage, at most, at
+    /// once: the runs of the others wait their turn, in order, so a dispatch to every node is a
+    /// steady stream of fetches, not one connection each at the same moment
+    #[arg(long, default_value_t = fleet_coordinator::DEFAULT_FETCH_WINDOW, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub fetch_window: u32,
     /// On shutdown, how long connections get to finish before they are cut
     #[arg(long, default_value = "10s", value_parser = duration::parse)]
     pub shutdown_grace: Duration,

@@ -4,7 +4,8 @@
 use crate::commit::Committer;
 use crate::error::CoordinatorError;
 use crate::live::{
-    Beats, Credentials, FleetView, JoinLimits, Pulls, Sessions, Tickets, Traffic, Uploads,
+    Beats, Credentials, FetchWindow, FleetView, JoinLimits, Pulls, Sessions, Tickets, Traffic,
+    Uploads,
 };
 use crate::metrics::Recorder;
 use crate::store::{
@@ -72,6 +73,7 @@ pub struct Coordinator {
     fleet: FleetView,
     traffic: Traffic,
     pulls: Pulls,
+    fetch_window: FetchWindow,
     joins: JoinLimits,
     /// The events the metrics count.
     recorder: Recorder,
@@ -134,6 +136,7 @@ impl Coordinator {
             fleet: FleetView::default(),
             traffic: Traffic::default(),
             pulls: Pulls::default(),
+            fetch_window: FetchWindow::default(),
             joins: JoinLimits::default(),
             recorder,
         })
@@ -210,6 +213,10 @@ impl Coordinator {
 
     pub(crate) fn pulls(&self) -> &Pulls {
         &self.pulls
+    }
+
+    pub(crate) fn fetch_window(&self) -> &FetchWindow {
+        &self.fetch_window
     }
 
     pub(crate) fn recorder(&self) -> &Recorder {

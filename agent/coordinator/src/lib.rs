@@ -30,7 +30,7 @@ pub use coordinator::{
     Coordinator, DEFAULT_DATA, DEFAULT_PORT, KEY_FILE, STORE_FILE, StoreLocation, blobs,
 };
 pub use error::CoordinatorError;
-pub use live::TicketRefusal;
+pub use live::{DEFAULT_FETCH_WINDOW, TicketRefusal};
 pub use nodes::{NodeFilter, NodeState, NodeStatus, NodeView, node_id};
 pub use peer::PeerError;
 pub use tokens::{TokenRequest, token_hash};

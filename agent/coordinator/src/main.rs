@@ -522,6 +522,7 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
             .unwrap_or_else(default_max_connections),
         shutdown_grace: args.shutdown_grace,
         content_copies: args.content_copies as usize,
+        fetch_window: args.fetch_window as usize,
     };
     binary::async_runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)

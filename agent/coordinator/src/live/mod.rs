@@ -1,7 +1,7 @@
 //! What a serving coordinator holds only in memory, each part owned by one type that alone
 //! changes it: the sessions held here, heartbeats not written yet, registry credentials until
 //! their node takes the run, artifact tickets, collects under way, the fleet's coordinators as
-//! last read, the content bytes moved, and the failed joins by source. The rest of the coordinator asks them.
+//! last read, the content bytes moved, the failed joins by source, and the stages in flight. The rest of the coordinator asks them.
 mod beats;
 mod credentials;
 mod fleet;
@@ -12,6 +12,7 @@ mod sessions;
 mod tickets;
 mod traffic;
 mod uploads;
+mod window;
 
 pub(crate) use beats::{Beats, beat_now};
 pub(crate) use credentials::Credentials;
@@ -23,3 +24,5 @@ pub use tickets::TicketRefusal;
 pub(crate) use tickets::Tickets;
 pub(crate) use traffic::Traffic;
 pub(crate) use uploads::Uploads;
+pub use window::DEFAULT_FETCH_WINDOW;
+pub(crate) use window::{FetchSlot, FetchWindow};

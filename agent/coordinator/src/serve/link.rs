@@ -7,7 +7,7 @@ use super::ServeConfig;
 use super::first::{ended, known_node};
 use crate::Coordinator;
 use crate::error::Dropped;
-use crate::live::{NodeCall, SessionHandle, beat_now};
+use crate::live::{FetchSlot, NodeCall, SessionHandle, beat_now};
 use crate::store::{Applied, Beat, Change, NodeEvent, StoreError};
 use fleet_proto::clock::now_ms;
 use fleet_proto::pin::{CLOCK_SKEW, CertInfo};
@@ -15,6 +15,7 @@ use fleet_proto::protocol::{self, Answer, Command, Down, NodeEnd, StartRun, Up};
 use fleet_proto::run::Workload;
 use fleet_proto::{NodeId, OpId, RunId};
 use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -126,6 +127,7 @@ pub(super) async fn session(
         inflight: HashMap::new(),
         next_op: 0,
         members,
+        slot: SlotWait::No,
     };
     link.serve(reader, calls, &wake, ending, lapses, stopping)
         .await
@@ -138,8 +140,11 @@ fn start_op(run_id: &RunId) -> OpId {
 
 /// What an answered operation was for.
 enum Pending {
-    Stage,
-    Start { run_id: RunId },
+    /// A stage, holding its place in the fetch window until answered.
+    Stage(FetchSlot),
+    Start {
+        run_id: RunId,
+    },
     Call(oneshot::Sender<Answer>),
 }
 
@@ -156,6 +161,17 @@ struct Link<'a, W> {
     next_op: u64,
     /// The fleet's coordinators: the node is told whenever the set changes.
     members: watch::Receiver<Vec<String>>,
+    /// Whether a run waits for a place in the fetch window, or holds the one that freed.
+    slot: SlotWait,
+}
+
+/// A session's turn in the fetch window.
+enum SlotWait {
+    No,
+    /// The next stage needs a place; the session takes the next that frees.
+    Waiting,
+    /// The place taken while waiting, for the next stage.
+    Held(FetchSlot),
 }
 
 const BATCH: usize = 256;
@@ -200,10 +216,25 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             }
         });
         let node_id = self.node_id.clone();
+        let window = self.coordinator.fetch_window();
+        // Kept across turns of the loop, so the session keeps its place in the window's queue.
+        let mut next_slot: Option<Pin<Box<dyn Future<Output = FetchSlot> + Send + '_>>> = None;
         let result = async {
             self.dispatch().await?;
             loop {
+                if matches!(self.slot, SlotWait::Waiting) && next_slot.is_none() {
+                    next_slot = Some(Box::pin(window.take()));
+                }
                 tokio::select! {
+                    Some(slot) = async { Some(next_slot.as_mut()?.await) }, if next_slot.is_some() => {
+                        next_slot = None;
+                        self.slot = SlotWait::Held(slot);
+                        self.dispatch().await?;
+                        // Given back when no run needed it after all.
+                        if let SlotWait::Held(_) = self.slot {
+                            self.slot = SlotWait::No;
+                        }
+                    }
                     _ = tokio::time::sleep_until(lapses) => {
                         return Err(Dropped::SessionEnded(format!("the session credential of {node_id} lapsed")));
                     }
@@ -316,15 +347,20 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 }
                 continue;
             }
-            room -= 1;
             if let Workload::Program(program) = &run.workload
-                && self.staged.insert(program.to_string())
+                && !self.staged.contains(&program.to_string())
             {
+                // The node fetches the program now: only with a place in the fetch window.
+                let Some(slot) = self.fetch_slot() else {
+                    break;
+                };
+                self.staged.insert(program.to_string());
                 let stage = Command::Stage { digest: *program };
                 let stage_op = OpId::new(format!("stage-{}", program.hex()));
-                self.inflight.insert(stage_op.clone(), Pending::Stage);
+                self.inflight.insert(stage_op.clone(), Pending::Stage(slot));
                 self.send(stage_op, stage).await?;
             }
+            room -= 1;
             let registry_auth = if run.needs_registry_auth {
                 let held = self.coordinator.credentials().for_start(&run.id);
                 if held.is_none() {
@@ -356,6 +392,19 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             self.send(op, start).await?;
         }
         Ok(())
+    }
+
+    /// A place in the fetch window: the one taken while waiting, or a free one; with none, the
+    /// session waits for the next that frees and dispatches again then.
+    fn fetch_slot(&mut self) -> Option<FetchSlot> {
+        let slot = match std::mem::replace(&mut self.slot, SlotWait::No) {
+            SlotWait::Held(slot) => Some(slot),
+            SlotWait::No | SlotWait::Waiting => self.coordinator.fetch_window().try_take(),
+        };
+        if slot.is_none() {
+            self.slot = SlotWait::Waiting;
+        }
+        slot
     }
 
     /// Sends `raw` as the command object of a command message, unchecked: what a coordinator of
@@ -486,7 +535,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 self.coordinator.credentials().release(&run_id);
                 accepted.push((run_id, error));
             }
-            Some(Pending::Stage) => {
+            Some(Pending::Stage(_slot)) => {
                 if let Some(e) = error {
                     tracing::warn!(node_id = %self.node_id, "staging failed: {e}");
                 }

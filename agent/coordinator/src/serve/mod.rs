@@ -39,6 +39,8 @@ pub struct ServeConfig {
     /// Content imported through this coordinator is held by this many coordinators of the fleet
     /// (or all, when fewer serve) before `run` records the runs that need it.
     pub content_copies: usize,
+    /// Nodes fetching a program because of a stage from this coordinator, at most, at once.
+    pub fetch_window: usize,
     /// On shutdown, how long connections get to finish before they are cut.
     pub shutdown_grace: Duration,
 }
@@ -61,6 +63,7 @@ pub async fn serve(
         .fleet()
         .serve_at(&config.advertise, config.lease);
     coordinator.fleet().hold_copies(config.content_copies);
+    coordinator.fetch_window().open(config.fetch_window);
     let (joined, lease) = (coordinator.clone(), config.lease);
     tokio::task::spawn_blocking(move || background::join_fleet(&joined, lease))
         .await
