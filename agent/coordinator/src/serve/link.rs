@@ -129,8 +129,9 @@ pub(super) async fn session(
         members,
         slot: SlotWait::No,
     };
-    link.serve(reader, calls, &wake, ending, lapses, stopping)
-        .await
+    // Boxed: a session's task would otherwise hold room for the welcome's futures beside the
+    // serving loop's for as long as it lives (weeks), in every one of thousands of sessions.
+    Box::pin(link.serve(reader, calls, &wake, ending, lapses, stopping)).await
 }
 
 /// A run's start, under an op id that stays the same in every session.
@@ -336,7 +337,9 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             }
             // The node fetches the content from this coordinator: without a reachable holder
             // the run waits (saying why) and is tried again at the next look.
-            if let Err(reason) = self.content_ready(&run).await {
+            // Boxed: copying from a peer is a large future that every session's task would
+            // otherwise hold room for; most runs find their content here and never use it.
+            if let Err(reason) = Box::pin(self.content_ready(&run)).await {
                 tracing::warn!(node_id = %self.node_id, run_id = %run.id, "a run waits for its content: {reason}");
                 let (id, why) = (run.id.clone(), reason.to_string());
                 let noted = (self.coordinator)
