@@ -649,6 +649,55 @@ fn content_imported_through_a_coordinator_outlives_it() {
     assert_each_executed_once(&effects, &["kept".to_string()]);
 }
 
+/// A holder of content gone for good: the sweep has another coordinator copy it, so the count is
+/// back without any run asking; then the coordinator the content came through goes for good too,
+/// and the run, waiting for a matching node all along, still finishes once from the copy.
+#[test]
+fn the_sweep_restores_the_copies_of_a_holder_gone_for_good() {
+    let mut fleet = Fleet::new(3);
+    let (effects, program) = fleet.effect_program("true");
+    // No node matches yet: the run waits, and its content must outlive both its holders.
+    let set = testkit::ok(
+        fleet.coords[0]
+            .command()
+            .args(["run", "--where", "label.pool=later", "--count", "1", "--program"])
+            .arg(&program)
+            .args(["--", "kept"]),
+    );
+    let set = set.trim().to_string();
+    let hex = fleet_coordinator::file_sha256(&program).unwrap();
+    let root = fleet.dir.path().to_path_buf();
+    let holds = |i: usize| {
+        let blobs = root.join(format!("coord-{i}/blobs"));
+        (testkit::agent::files_under(&blobs).iter())
+            .any(|f| f.to_string_lossy().contains(&hex))
+    };
+    let holders: Vec<usize> = (0..3).filter(|&i| holds(i)).collect();
+    assert_eq!(holders.len(), 2, "two copies when run returned: {holders:?}");
+    assert!(holders.contains(&0), "the importing coordinator holds it");
+    let gone = holders[1];
+    let third = 3 - gone;
+    assert!(!holds(third));
+    fleet.coords[gone].kill();
+    std::fs::remove_dir_all(fleet.path(&format!("coord-{gone}"))).unwrap();
+    let restored = wait_until(WAIT, || holds(third));
+    assert!(restored, "the sweep never copied the content to coord-{third}");
+    fleet.coords[0].kill();
+    std::fs::remove_dir_all(fleet.path("coord-0")).unwrap();
+    // A matching machine joins through the one coordinator left.
+    let machine = fleet.path("m1");
+    std::fs::create_dir_all(&machine).unwrap();
+    let join = fleet.coords[third].token(&["--name", "m1", "--label", "pool=later"]);
+    std::fs::write(machine.join("fleet.json"), join).unwrap();
+    fleet.agents.push(Agent::spawn(
+        &fleet.path("m1.log"),
+        testkit::agent::machine_command(&machine),
+    ));
+    let rows = fleet.wait_final(third, &[set]);
+    assert_eq!(rows[0]["state"], "finished", "{:#}", rows[0]);
+    assert_each_executed_once(&effects, &["kept".to_string()]);
+}
+
 /// A rolling restart of three coordinators, twice over (SIGTERM, start, next), while 500 runs are
 /// sent to 20 real agents through whichever coordinator is up: every run executes exactly once
 /// (each appends its own run folder), every row ends finished, and after each restart every node

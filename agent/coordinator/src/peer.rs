@@ -162,33 +162,44 @@ impl Coordinator {
     /// not take the connection serves no more), so losing any one coordinator loses no content.
     /// Err names each copy that failed.
     pub(crate) async fn spread(&self, digests: &[Digest]) -> Result<(), crate::CoordinatorError> {
-        let wanted = self.fleet().content_copies().saturating_sub(1);
-        if wanted == 0 {
+        if self.fleet().content_copies() < 2 {
             return Ok(());
         }
         self.learn_fleet_now().await;
-        let peers = self.fleet().peers();
         for digest in digests {
-            let (mut held, mut away, mut failures) = (0, 0, Vec::new());
-            for address in &peers {
-                if held == wanted {
-                    break;
-                }
-                match ask_to_hold(self, address, digest).await {
-                    Ok(()) => held += 1,
-                    // Not listening any more: it serves no longer, whatever its last record says.
-                    Err(PeerError::Dial(DialError::Unreachable { .. })) => away += 1,
-                    Err(e) => failures.push(e.to_string()),
-                }
+            self.hold_copies(digest).await.map_err(|short| {
+                crate::CoordinatorError::Request(format!(
+                    "{short}; nothing was recorded: run it again once the fleet's coordinators answer"
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Asks the members last heard, in turn, to hold `digest` until `content_copies` do (this
+    /// one included); Err says how many hold it and what the others answered.
+    pub(crate) async fn hold_copies(&self, digest: &Digest) -> Result<(), String> {
+        let wanted = self.fleet().content_copies().saturating_sub(1);
+        let peers = self.fleet().peers();
+        let (mut held, mut away, mut failures) = (0, 0, Vec::new());
+        for address in &peers {
+            if held == wanted {
+                break;
             }
-            if held < wanted.min(peers.len() - away) {
-                return Err(crate::CoordinatorError::Request(format!(
-                    "{digest} is held by {} coordinator(s) of the {} asked for ({}); nothing was recorded: run it again once the fleet's coordinators answer",
-                    held + 1,
-                    wanted + 1,
-                    failures.join("; ")
-                )));
+            match ask_to_hold(self, address, digest).await {
+                Ok(()) => held += 1,
+                // Not listening any more: it serves no longer, whatever its last record says.
+                Err(PeerError::Dial(DialError::Unreachable { .. })) => away += 1,
+                Err(e) => failures.push(e.to_string()),
             }
+        }
+        if held < wanted.min(peers.len() - away) {
+            return Err(format!(
+                "{digest} is held by {} coordinator(s) of the {} asked for ({})",
+                held + 1,
+                wanted + 1,
+                failures.join("; ")
+            ));
         }
         Ok(())
     }

@@ -39,6 +39,7 @@ pub(super) fn start(coordinator: &Arc<Coordinator>, config: &Arc<ServeConfig>) -
         )),
         tokio::spawn(wake_waiting_forever(coordinator.clone(), config.heartbeat)),
         tokio::spawn(cut_ended_forever(coordinator.clone())),
+        tokio::spawn(keep_copies_forever(coordinator.clone(), config.lease)),
     ];
     let listening = Arc::new(AtomicBool::new(true));
     listen_for_waiting(coordinator.clone(), listening.clone());
@@ -139,6 +140,39 @@ async fn cut_ended_forever(coordinator: Arc<Coordinator>) {
             Ok(Ok(ends)) => seen = Some(ends),
             Ok(Err(e)) => tracing::warn!("looking for nodes ended elsewhere failed: {e}"),
             Err(e) => tracing::warn!("looking for nodes ended elsewhere did not complete: {e}"),
+        }
+    }
+}
+
+/// Every lease, on the coordinator that sweeps: the content stored runs refer to is held by
+/// `--content-copies` coordinators again (this one, copying it from any holder, and as many of
+/// the others as it takes), so a holder gone for good costs a copy only until the next pass.
+async fn keep_copies_forever(coordinator: Arc<Coordinator>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !coordinator.fleet().sweeps() || coordinator.fleet().content_copies() < 2 {
+            continue;
+        }
+        let referenced = coordinator
+            .with_store(|store| store.referenced_content())
+            .await;
+        let digests = match referenced {
+            Ok(digests) => digests,
+            Err(e) => {
+                tracing::warn!("reading the content runs refer to failed: {e}");
+                continue;
+            }
+        };
+        for digest in digests {
+            let kept = match coordinator.ensure_blob(&digest).await {
+                Ok(()) => coordinator.hold_copies(&digest).await,
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = kept {
+                tracing::warn!(%digest, "keeping the content's copies failed: {e}");
+            }
         }
     }
 }

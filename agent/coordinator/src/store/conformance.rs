@@ -854,10 +854,21 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     assert_eq!(store.read(|tx| tx.program_refs(&p1)).unwrap(), 1);
     assert!(refs(&store, &p3) == 0, "r5 pruned with p3's last use");
     assert!(store.set_runs("s3").unwrap().is_none());
+    // What the copy sweep keeps: the content stored runs still refer to, and only that.
+    let mut referenced: Vec<String> = (store.referenced_content().unwrap().iter())
+        .map(|d| d.to_string())
+        .collect();
+    referenced.sort();
+    let mut expected: Vec<String> = [&p1, &p2, &p3]
+        .into_iter()
+        .filter(|p| refs(&store, p) > 0)
+        .cloned()
+        .collect();
+    expected.sort();
+    assert_eq!(referenced, expected);
+    assert!(referenced.contains(&p1));
 }
 
-/// A store of another schema version is refused at open, with one line naming the store and
-/// both versions.
 /// The first coordinator's key becomes the fleet's; a later one learns it and changes nothing.
 pub fn the_first_key_is_the_fleets(blank: Blank) {
     let store = Store::open(blank(), KEEP_FINAL_RUNS).unwrap();
@@ -875,6 +886,8 @@ pub fn the_first_key_is_the_fleets(blank: Blank) {
     );
 }
 
+/// A store of another schema version is refused at open, with one line naming the store and
+/// both versions.
 pub fn schema_version_mismatch_refused(blank: Blank) {
     let backend = blank();
     let location = backend.location();

@@ -399,6 +399,8 @@ pub trait ReadTx {
     /// Program digest -> its bytes.
     /// How many references stored runs hold on the content (0 when unknown).
     fn program_refs(&self, digest: &str) -> StoreResult<u64>;
+    /// Every digest a stored run refers to (a reference count above zero), in any order.
+    fn referenced_content(&self) -> StoreResult<Vec<String>>;
     fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>>;
     /// Set id -> the ids of its runs, in the order they were created.
     fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>>;

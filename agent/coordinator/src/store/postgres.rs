@@ -705,6 +705,11 @@ impl ReadTx for PgTx<'_> {
         rows.iter().map(node_of).collect()
     }
 
+    fn referenced_content(&self) -> StoreResult<Vec<String>> {
+        let rows = self.query("SELECT digest FROM program_refs WHERE refs > 0", &[])?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     fn program_refs(&self, digest: &str) -> StoreResult<u64> {
         let row = self.query_opt(
             "SELECT refs FROM program_refs WHERE digest = $1",

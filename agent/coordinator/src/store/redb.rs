@@ -296,6 +296,18 @@ macro_rules! reads {
                     .collect()
             }
 
+            fn referenced_content(&self) -> StoreResult<Vec<String>> {
+                let refs = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
+                let mut digests = Vec::new();
+                for entry in refs.iter().map_err(fail)? {
+                    let (digest, refs) = entry.map_err(fail)?;
+                    if refs.value() > 0 {
+                        digests.push(digest.value().to_string());
+                    }
+                }
+                Ok(digests)
+            }
+
             fn program_refs(&self, digest: &str) -> StoreResult<u64> {
                 let refs = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
                 Ok(refs.get(digest).map_err(fail)?.map_or(0, |v| v.value()))

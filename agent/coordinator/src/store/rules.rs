@@ -375,6 +375,14 @@ impl Store {
         })
     }
 
+    /// The content stored runs refer to (programs, inputs), each digest once.
+    pub fn referenced_content(&self) -> StoreResult<Vec<fleet_proto::Digest>> {
+        let digests = self.read(|tx| tx.referenced_content())?;
+        (digests.iter())
+            .map(|d| fleet_proto::Digest::parse(d).map_err(|_| StoreError::Corrupt(d.clone())))
+            .collect()
+    }
+
     /// Changes every time a node is ended; see [`ReadTx::node_ends`].
     pub fn node_ends(&self) -> StoreResult<u64> {
         self.read(|tx| tx.node_ends())
