@@ -660,7 +660,14 @@ fn the_sweep_restores_the_copies_of_a_holder_gone_for_good() {
     let set = testkit::ok(
         fleet.coords[0]
             .command()
-            .args(["run", "--where", "label.pool=later", "--count", "1", "--program"])
+            .args([
+                "run",
+                "--where",
+                "label.pool=later",
+                "--count",
+                "1",
+                "--program",
+            ])
             .arg(&program)
             .args(["--", "kept"]),
     );
@@ -669,11 +676,14 @@ fn the_sweep_restores_the_copies_of_a_holder_gone_for_good() {
     let root = fleet.dir.path().to_path_buf();
     let holds = |i: usize| {
         let blobs = root.join(format!("coord-{i}/blobs"));
-        (testkit::agent::files_under(&blobs).iter())
-            .any(|f| f.to_string_lossy().contains(&hex))
+        (testkit::agent::files_under(&blobs).iter()).any(|f| f.to_string_lossy().contains(&hex))
     };
     let holders: Vec<usize> = (0..3).filter(|&i| holds(i)).collect();
-    assert_eq!(holders.len(), 2, "two copies when run returned: {holders:?}");
+    assert_eq!(
+        holders.len(),
+        2,
+        "two copies when run returned: {holders:?}"
+    );
     assert!(holders.contains(&0), "the importing coordinator holds it");
     let gone = holders[1];
     let third = 3 - gone;
@@ -681,7 +691,10 @@ fn the_sweep_restores_the_copies_of_a_holder_gone_for_good() {
     fleet.coords[gone].kill();
     std::fs::remove_dir_all(fleet.path(&format!("coord-{gone}"))).unwrap();
     let restored = wait_until(WAIT, || holds(third));
-    assert!(restored, "the sweep never copied the content to coord-{third}");
+    assert!(
+        restored,
+        "the sweep never copied the content to coord-{third}"
+    );
     fleet.coords[0].kill();
     std::fs::remove_dir_all(fleet.path("coord-0")).unwrap();
     // A matching machine joins through the one coordinator left.

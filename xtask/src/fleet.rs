@@ -79,12 +79,23 @@ impl Coordinator {
     /// Starts serving `data` with the `serve` flags given, its log going to `stderr`, and waits
     /// for the address it prints. `agent` is the agent binary; the coordinator's sits beside it.
     pub fn serve(agent: &Path, data: &Path, flags: &[&str], stderr: Stdio) -> Result<Coordinator> {
+        Coordinator::serve_at(agent, data, "127.0.0.1:0", flags, stderr)
+    }
+
+    /// Like [`Coordinator::serve`], listening on `listen` (the address it had before a restart).
+    pub fn serve_at(
+        agent: &Path,
+        data: &Path,
+        listen: &str,
+        flags: &[&str],
+        stderr: Stdio,
+    ) -> Result<Coordinator> {
         let bin = agent.with_file_name("fleet-coordinator");
         let mut proc = Proc::spawn(
             Command::new(&bin)
                 .arg("--data")
                 .arg(data)
-                .args(["serve", "--listen", "127.0.0.1:0"])
+                .args(["serve", "--listen", listen])
                 .args(metrics_default(flags))
                 .args(flags)
                 .stdout(Stdio::piped())
@@ -152,6 +163,19 @@ impl Coordinator {
 
     pub fn stop(&mut self) {
         self.proc.stop();
+    }
+
+    /// SIGTERM, as an operator's restart: the coordinator drains and exits; waits for it.
+    pub fn terminate(&mut self) -> Result<()> {
+        // SAFETY: kill sends a signal to our own child, which has not been waited for yet.
+        if unsafe { libc::kill(self.proc.0.id() as libc::pid_t, libc::SIGTERM) } != 0 {
+            bail!(
+                "cannot signal the coordinator: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        self.proc.0.wait()?;
+        Ok(())
     }
 }
 

@@ -3,7 +3,8 @@
 //! file collected back (`collect --out`: the node's upload hashed as it is sent, the
 //! coordinator's check, the move to --out), against `curl` over HTTPS on the same loopback moving the same bytes from
 //! `openssl s_server` (the floor) and `scp` both ways through a private `sshd` on loopback, with
-//! the peak RSS of the agent and the coordinator.
+//! the peak RSS of the agent and the coordinator; and the import of the same bytes as a program
+//! through a serving coordinator of two, held by one of them and by both (`--content-copies`).
 use crate::cross;
 use crate::fleet::{self, Coordinator, wait_for_log};
 use crate::util::{measure, median, record_benchmark};
@@ -94,6 +95,7 @@ pub fn run() -> Result<()> {
     agent.stop();
     drop(coordinator);
 
+    let (one_copy, two_copies) = import_with_copies(&work, &bin, &data)?;
     let curl_s = curl_floor(&work, &data)?;
     let (stage, collect, curl) = (median(&stage_s), median(&collect_s), median(&curl_s));
     let scp = scp_both_ways(&work, &data).map(|(to, from)| (median(&to), median(&from)));
@@ -128,6 +130,12 @@ pub fn run() -> Result<()> {
          | what | time | rate | vs curl |\n|---|---|---|---|\n{}\n{}\n{}\n{scp_rows}\n\n\
          Peak RSS after staging and collecting 1 GiB {SAMPLES} times each: coordinator \
          {coordinator_rss} MiB, agent {agent_rss} MiB (target: under 64 MiB).\n\n\
+         Imported through a serving coordinator (`run` of a {SIZE_MIB} MiB program, no node \
+         matching yet, so only the import is timed; two coordinators on one PostgreSQL, the \
+         program's first bytes changed before each sample so each is new content), median of \
+         {SAMPLES}: with `--content-copies 1` {one_copy:.2} s, with `--content-copies 2` (the \
+         other coordinator copies it, checked, before `run` returns) {two_copies:.2} s, \
+         {extra:+.0}% (target: at most +30%).\n\n\
          Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes once \
          on each side: the node reads the run's file in place and hashes it as it sends it, the \
          coordinator decrypts, hashes, writes and fsyncs it, and `collect --out` renames the \
@@ -137,10 +145,69 @@ pub fn run() -> Result<()> {
         row("curl over HTTPS (floor)", curl),
         verdict(stage / curl),
         verdict(collect / curl),
+        extra = (two_copies / one_copy - 1.0) * 100.0,
     );
     record_benchmark("content", &markdown)?;
     println!("{markdown}");
     Ok(())
+}
+
+/// `run` of `data` as a program through a serving coordinator of a fleet of two on PostgreSQL,
+/// once serving with `--content-copies 1` and once with 2: the medians of each, in seconds.
+fn import_with_copies(work: &Path, agent: &Path, data: &Path) -> Result<(f64, f64)> {
+    let cluster = super::postgres::Cluster::start(&work.join("pg"), 40)?;
+    let url = cluster.url();
+    let mut medians = Vec::new();
+    for copies in ["1", "2"] {
+        let dir = work.join(format!("copies-{copies}"));
+        let (first, second) = (dir.join("a"), dir.join("b"));
+        let log = |name: &str| std::fs::File::create(dir.join(name)).map(Stdio::from);
+        std::fs::create_dir_all(&dir)?;
+        let flags = ["--store", url.as_str(), "--content-copies", copies];
+        let a = Coordinator::serve(agent, &first, &flags, log("a.log")?)?;
+        std::fs::create_dir_all(&second)?;
+        std::fs::copy(
+            first.join("coordinator.key"),
+            second.join("coordinator.key"),
+        )?;
+        let b = Coordinator::serve(agent, &second, &flags, log("b.log")?)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !a.cli(&["token"])?.contains(&b.addr) {
+            if Instant::now() > deadline {
+                bail!("the two coordinators never knew each other");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let mut samples = Vec::new();
+        for sample in 0..SAMPLES {
+            // New content each time: the first bytes changed in place, the size the same.
+            let mut file = std::fs::OpenOptions::new().write(true).open(data)?;
+            std::io::Write::write_all(&mut file, format!("{copies}-{sample}-").as_bytes())?;
+            drop(file);
+            let m = measure(
+                Command::new(&a.bin)
+                    .arg("--data")
+                    .arg(&a.data)
+                    .args([
+                        "run",
+                        "--where",
+                        "label.pool=none",
+                        "--count",
+                        "1",
+                        "--program",
+                    ])
+                    .arg(data)
+                    .stdout(Stdio::null()),
+            )?;
+            samples.push(m.seconds);
+        }
+        medians.push(median(&samples));
+        drop((a, b));
+        // What the samples imported (a GiB each, on each holder) is not kept.
+        std::fs::remove_dir_all(&dir)?;
+    }
+    drop(cluster);
+    Ok((medians[0], medians[1]))
 }
 
 /// Waits for the set's one row to finish; returns its run id.

@@ -41,6 +41,9 @@ struct Bench {
     empty_kib: u64,
     /// Until every node was in session.
     join_s: f64,
+    /// What each coordinator serves with, to start it again the same way.
+    serve_flags: Vec<String>,
+    release: std::path::PathBuf,
 }
 
 impl Bench {
@@ -125,6 +128,8 @@ impl Bench {
             work,
             empty_kib,
             join_s: started.elapsed().as_secs_f64(),
+            serve_flags: flags.iter().map(|f| f.to_string()).collect(),
+            release,
         })
     }
 
@@ -177,6 +182,25 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(200));
         }
         Ok((started.elapsed().as_secs_f64(), peak_kib))
+    }
+
+    /// SIGTERMs coordinator `i` and starts it again on the same address, data and flags.
+    fn restart(&mut self, i: usize) -> Result<()> {
+        self.coords[i].terminate()?;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.work.join(format!("coord-{i}.log")))?;
+        let flags: Vec<&str> = self.serve_flags.iter().map(String::as_str).collect();
+        let addr = self.coords[i].addr.clone();
+        self.coords[i] = Coordinator::serve_at(
+            &self.release.join("fleet-coordinator"),
+            &self.work.join(format!("coord-{i}")),
+            &addr,
+            &flags,
+            Stdio::from(log),
+        )?;
+        self.pids[i] = self.coords[i].pid();
+        Ok(())
     }
 
     fn stop(self) {
@@ -337,6 +361,114 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
         ),
         &markdown,
     )
+}
+
+/// `bench fleet --rolling-restart`: every coordinator of the fleet restarted in turn (SIGTERM,
+/// started again on its address) while a run to every node is dispatched through the others;
+/// per restart, how long until every node holds a session again and how many runs ended
+/// meanwhile; then every row final, each run started once, and each coordinator's peak RSS
+/// against its idle.
+pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
+    if coordinators < 2 {
+        bail!("a rolling restart needs two coordinators or more: pass --coordinators 3");
+    }
+    let k = coordinators;
+    let mut bench = Bench::start(nodes, k, StoreKind::Postgres, false, &[])?;
+    std::thread::sleep(HEARTBEAT * 2);
+    let idle: Vec<u64> = (bench.pids.iter())
+        .map(|&pid| proc_status_kib(pid, "VmRSS"))
+        .collect::<Result<_>>()?;
+    let mut peak = idle.clone();
+    let program = bench.work.join("true.sh");
+    std::fs::write(&program, "#!/bin/sh\nexit 0\n")?;
+    let all = nodes as u64;
+    let (mut rows, mut sets, mut slowest) = (Vec::new(), Vec::new(), 0.0f64);
+    for i in 0..k {
+        // A run to every node through the next coordinator, then this one restarted.
+        let via = (i + 1) % k;
+        sets.push((via, bench.coords[via].run_set(&program, &[])?));
+        let (finished0, started) = (bench.counter("finished")?, Instant::now());
+        bench.restart(i)?;
+        // The loadgens' counters come once a second: the next ones show the sessions it held
+        // gone, and then back.
+        std::thread::sleep(Duration::from_millis(1500));
+        let back = loop {
+            for (slot, &pid) in bench.pids.iter().enumerate() {
+                peak[slot] = peak[slot].max(proc_status_kib(pid, "VmRSS").unwrap_or(0));
+            }
+            if bench.counter("live")? >= all {
+                break started.elapsed().as_secs_f64();
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!("the nodes were not all back in session within 10 minutes of restart {i}");
+            }
+        };
+        let ended = bench.counter("finished")? - finished0;
+        slowest = slowest.max(back);
+        rows.push(format!(
+            "| coord-{i} restarted (SIGTERM, started again) | {back:.1} s | {ended} |"
+        ));
+    }
+    let runs = all * k as u64;
+    let started = Instant::now();
+    let mut finals = 0;
+    while finals < sets.len() {
+        for (slot, &pid) in bench.pids.iter().enumerate() {
+            peak[slot] = peak[slot].max(proc_status_kib(pid, "VmRSS").unwrap_or(0));
+        }
+        let (via, set) = &sets[finals];
+        let states: Vec<Value> =
+            serde_json::from_str(&bench.coords[*via].cli(&["status", "--set", set, "--json"])?)?;
+        if states.iter().all(|r| r["state"] == "finished") {
+            finals += 1;
+            continue;
+        }
+        if let Some(r) = states
+            .iter()
+            .find(|r| r["state"] == "lost" || r["state"] == "failed")
+        {
+            bail!("a run ended {}: {r}", r["state"]);
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("the runs were not all final within 10 minutes of the last restart");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let starts = bench.counter("starts")?;
+    bench.stop();
+    let worst = (0..k)
+        .map(|i| peak[i] as f64 / idle[i].max(1) as f64)
+        .fold(0.0, f64::max);
+    let ratios: Vec<String> = (0..k)
+        .map(|i| {
+            format!(
+                "coord-{i} {:.0} / {:.0} MiB",
+                peak[i] as f64 / 1024.0,
+                idle[i] as f64 / 1024.0
+            )
+        })
+        .collect();
+    let lease = 30;
+    let markdown = format!(
+        "## fleet: rolling restart of {k} coordinators, PostgreSQL, {nodes} nodes\n\n\
+         `cargo xtask bench fleet --coordinators {k} --store postgres --nodes {nodes} --rolling-restart`: \
+         {k} `fleet-coordinator serve` (static `{TARGET}` release, one PostgreSQL 15, heartbeat \
+         {hb} s, lease {lease} s, metrics off) and {nodes} simulated nodes from `fleet-loadgen` \
+         (one process per coordinator). Before each restart, a run to every node through the next \
+         coordinator; then the coordinator is sent SIGTERM and started again on its address. One \
+         run, on one machine of 2 cores shared by every process.\n\n\
+         | restart | every node in session again | runs ended meanwhile |\n|---|---|---|\n{}\n\n\
+         | figure | value | target (issue 21) |\n|---|---|---|\n\
+         | every node back after each restart | {slowest:.1} s at most | within two leases ({two} s) |\n\
+         | runs: rows final / finished / started by the nodes | {runs} / {runs} / {starts} | none lost or doubled |\n\
+         | peak RSS / idle per coordinator ({ratios}) | {worst:.2}x at most | <= 1.5x |\n",
+        rows.join("\n"),
+        hb = HEARTBEAT.as_secs(),
+        two = 2 * lease,
+        ratios = ratios.join(", "),
+    );
+    println!("{markdown}");
+    record_benchmark(&format!("fleet-rolling-{k}-{nodes}"), &markdown)
 }
 
 /// Runs each node gets in the queue benchmark, and its capacity.

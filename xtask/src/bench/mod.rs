@@ -43,6 +43,10 @@ pub enum Which {
         /// capacity, until every row is final
         #[arg(long, conflicts_with_all = ["coordinators", "no_metrics"])]
         queue: bool,
+        /// Restart every coordinator in turn (SIGTERM, start again) while runs are dispatched
+        /// (needs --store postgres and --coordinators 2 or more)
+        #[arg(long, conflicts_with_all = ["queue", "no_metrics"])]
+        rolling_restart: bool,
     },
     /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
     Content,
@@ -78,9 +82,14 @@ pub fn run(which: Which) -> Result<()> {
             store,
             no_metrics,
             queue,
-        } => match queue {
-            true => fleet::queue(nodes, store),
-            false => fleet::run(nodes, coordinators, store, !no_metrics),
+            rolling_restart,
+        } => match (queue, rolling_restart) {
+            (true, _) => fleet::queue(nodes, store),
+            (_, true) if store != fleet::StoreKind::Postgres => {
+                anyhow::bail!("a rolling restart shares one store: pass --store postgres")
+            }
+            (_, true) => fleet::rolling_restart(nodes, coordinators),
+            _ => fleet::run(nodes, coordinators, store, !no_metrics),
         },
         Which::Content => content::run(),
         Which::Flood {
