@@ -141,8 +141,9 @@ fn start_op(run_id: &RunId) -> OpId {
 
 /// What an answered operation was for.
 enum Pending {
-    /// A stage, holding its place in the fetch window until answered.
-    Stage(FetchSlot),
+    /// A stage, holding its place in the fetch window until answered, or until
+    /// [`STAGE_SLOT_LIMIT`] has passed (a node that never answers must not keep it).
+    Stage(Option<FetchSlot>, tokio::time::Instant),
     Start {
         run_id: RunId,
     },
@@ -176,6 +177,10 @@ enum SlotWait {
 }
 
 const BATCH: usize = 256;
+
+/// How long a stage keeps its place in the fetch window without an answer: a fetch that takes
+/// longer goes on, outside the window.
+const STAGE_SLOT_LIMIT: Duration = Duration::from_secs(120);
 
 impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     async fn serve<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
@@ -305,6 +310,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     /// its capacity has room for, staging each program first. The rest stay waiting, queued for
     /// capacity, until a run of the node ends.
     async fn dispatch(&mut self) -> Result<(), Dropped> {
+        self.free_stale_slots();
         let node_id = self.node_id.clone();
         let read = (self.coordinator)
             .with_store(move |store| store.dispatch_view(&node_id))
@@ -360,7 +366,8 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 self.staged.insert(program.to_string());
                 let stage = Command::Stage { digest: *program };
                 let stage_op = OpId::new(format!("stage-{}", program.hex()));
-                self.inflight.insert(stage_op.clone(), Pending::Stage(slot));
+                let stage_pending = Pending::Stage(Some(slot), tokio::time::Instant::now());
+                self.inflight.insert(stage_op.clone(), stage_pending);
                 self.send(stage_op, stage).await?;
             }
             room -= 1;
@@ -397,6 +404,18 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         Ok(())
     }
 
+    /// Gives back the window places of stages unanswered for [`STAGE_SLOT_LIMIT`].
+    fn free_stale_slots(&mut self) {
+        for pending in self.inflight.values_mut() {
+            if let Pending::Stage(slot @ Some(_), since) = pending
+                && since.elapsed() > STAGE_SLOT_LIMIT
+            {
+                *slot = None;
+                tracing::warn!(node_id = %self.node_id, "a stage unanswered for {} s gave back its place in the fetch window", STAGE_SLOT_LIMIT.as_secs());
+            }
+        }
+    }
+
     /// A place in the fetch window: the one taken while waiting, or a free one; with none, the
     /// session waits for the next that frees and dispatches again then.
     fn fetch_slot(&mut self) -> Option<FetchSlot> {
@@ -426,6 +445,8 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     }
 
     async fn handle(&mut self, batch: Vec<Inbound>) -> Result<(), Dropped> {
+        // Heartbeats come every few seconds: a node whose stage never comes back frees its place.
+        self.free_stale_slots();
         let mut events = Vec::new();
         let mut accepted = Vec::new();
         for msg in batch {
@@ -538,7 +559,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 self.coordinator.credentials().release(&run_id);
                 accepted.push((run_id, error));
             }
-            Some(Pending::Stage(_slot)) => {
+            Some(Pending::Stage(..)) => {
                 if let Some(e) = error {
                     tracing::warn!(node_id = %self.node_id, "staging failed: {e}");
                 }
