@@ -402,6 +402,15 @@ pub trait ReadTx {
     /// Every digest a stored run refers to (a reference count above zero), in any order.
     fn referenced_content(&self) -> StoreResult<Vec<String>>;
     fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>>;
+    /// The runs stored under `ids` (those that are), in any order: one read where the database
+    /// can, one per run where that costs nothing more (an embedded store).
+    fn runs(&self, ids: &[RunId]) -> StoreResult<Vec<RunRow>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.extend(self.run(id)?);
+        }
+        Ok(out)
+    }
     /// Set id -> the ids of its runs, in the order they were created.
     fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>>;
     /// The ids of the runs in the active index, for one node or for all, in any order.

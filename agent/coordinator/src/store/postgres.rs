@@ -722,6 +722,15 @@ impl ReadTx for PgTx<'_> {
         self.record("SELECT record FROM runs WHERE id = $1", id.as_str())
     }
 
+    fn runs(&self, ids: &[RunId]) -> StoreResult<Vec<RunRow>> {
+        // One round trip for a node's whole queue, not one per run.
+        let keys: Vec<&str> = ids.iter().map(RunId::as_str).collect();
+        let rows = self.query("SELECT id, record FROM runs WHERE id = ANY($1)", &[&keys])?;
+        (rows.iter())
+            .map(|row| decode(row, 1, row.get::<_, &str>(0)))
+            .collect()
+    }
+
     fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>> {
         let row = self.query_opt("SELECT run_ids FROM sets WHERE id = $1", &[&id])?;
         let ids = |row: Row| {

@@ -988,12 +988,12 @@ fn known_node<T: ReadTx + ?Sized>(tx: &T, id: &NodeId) -> StoreResult<NodeRecord
 }
 
 /// The runs under `ids` that exist, in that order.
+/// The runs stored under `ids`, in the order of `ids` (one read for them all where it can).
 fn runs_of<T: ReadTx + ?Sized>(tx: &T, ids: &[RunId]) -> StoreResult<Vec<RunRow>> {
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        out.extend(tx.run(id)?);
-    }
-    Ok(out)
+    let mut found: std::collections::HashMap<RunId, RunRow> = (tx.runs(ids)?.into_iter())
+        .map(|r| (r.id.clone(), r))
+        .collect();
+    Ok(ids.iter().filter_map(|id| found.remove(id)).collect())
 }
 
 /// Changes one run when `change` says it changed; a run becoming final is retired. Returns the
