@@ -62,8 +62,8 @@ pub struct RedbBackend {
 }
 
 /// redb's page cache (its default is 1 GiB): pages past it are read again through the kernel's
-/// page cache. Bounded so a coordinator's memory follows its sessions, not the runs it stored
-/// (100 000 runs queued at once grew the default cache to 2.5x the memory of 10 000 sessions).
+/// page cache. Bounded, so the cache alone can never take a gigabyte of a coordinator that
+/// stores many runs.
 const CACHE_BYTES: usize = 64 << 20;
 
 fn fail<E: Into<redb::Error>>(e: E) -> StoreError {
