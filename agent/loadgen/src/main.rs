@@ -366,15 +366,21 @@ impl Sim {
                 None,
             ),
         };
-        protocol::write_msg(writer, &Up::Result { op, answer }).await?;
-        if let Some(run_id) = started {
-            self.report(writer, &run_id, RunState::Running, None)
-                .await?;
+        // The run "runs" from here, as the agent's starts are durable before their answer: its
+        // `running` event is kept and its end timed before anything is written, so a session
+        // that breaks mid-write loses neither (the kept event is sent again in the next one).
+        let running = started.map(|run_id| {
+            let event = self.record(&run_id, RunState::Running, None);
             let (done, run_time) = (self.done.0.clone(), self.behaviour.run_time);
             tokio::spawn(async move {
                 tokio::time::sleep(run_time).await;
                 let _ = done.send(run_id);
             });
+            event
+        });
+        protocol::write_msg(writer, &Up::Result { op, answer }).await?;
+        if let Some(event) = running {
+            protocol::write_msg(writer, &Up::Event { event }).await?;
         }
         Ok(())
     }
@@ -409,18 +415,13 @@ impl Sim {
             exit_code: Some(0),
             ..Outcome::default()
         };
-        self.report(writer, &run_id, RunState::Finished, Some(outcome))
-            .await
+        let event = self.record(&run_id, RunState::Finished, Some(outcome));
+        protocol::write_msg(writer, &Up::Event { event }).await?;
+        Ok(())
     }
 
-    /// An event of a run, kept until acked and sent now.
-    async fn report<W: AsyncWrite + Unpin>(
-        &mut self,
-        writer: &mut W,
-        run_id: &RunId,
-        state: RunState,
-        outcome: Option<Outcome>,
-    ) -> Result<()> {
+    /// An event of a run, kept until acked (each session sends what is kept again first).
+    fn record(&mut self, run_id: &RunId, state: RunState, outcome: Option<Outcome>) -> Event {
         self.spool.next_id += 1;
         let event = Event {
             id: self.spool.next_id,
@@ -433,8 +434,7 @@ impl Sim {
             at_unix_ms: fleet_proto::clock::now_ms(),
         };
         self.spool.unacked.push(event.clone());
-        protocol::write_msg(writer, &Up::Event { event }).await?;
-        Ok(())
+        event
     }
 }
 
