@@ -163,13 +163,17 @@ fn import_with_copies(work: &Path, agent: &Path, data: &Path) -> Result<(f64, f6
         let (first, second) = (dir.join("a"), dir.join("b"));
         let log = |name: &str| std::fs::File::create(dir.join(name)).map(Stdio::from);
         std::fs::create_dir_all(&dir)?;
+        // One fleet, one key (the store refuses another): made by the first coordinator served.
+        let fleet_key = work.join("fleet.key");
+        if fleet_key.exists() {
+            std::fs::create_dir_all(&first)?;
+            std::fs::copy(&fleet_key, first.join("coordinator.key"))?;
+        }
         let flags = ["--store", url.as_str(), "--content-copies", copies];
         let a = Coordinator::serve(agent, &first, &flags, log("a.log")?)?;
+        std::fs::copy(first.join("coordinator.key"), &fleet_key)?;
         std::fs::create_dir_all(&second)?;
-        std::fs::copy(
-            first.join("coordinator.key"),
-            second.join("coordinator.key"),
-        )?;
+        std::fs::copy(&fleet_key, second.join("coordinator.key"))?;
         let b = Coordinator::serve(agent, &second, &flags, log("b.log")?)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         while !a.cli(&["token"])?.contains(&b.addr) {
