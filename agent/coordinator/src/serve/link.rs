@@ -158,7 +158,7 @@ struct Link<'a, W> {
     writer: W,
     lease_ms: u64,
     /// Programs sent to the node in this session.
-    staged: HashSet<String>,
+    staged: HashSet<fleet_proto::Digest>,
     inflight: HashMap<OpId, Pending>,
     next_op: u64,
     /// The fleet's coordinators: the node is told whenever the set changes.
@@ -357,13 +357,13 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 continue;
             }
             if let Workload::Program(program) = &run.workload
-                && !self.staged.contains(&program.to_string())
+                && !self.staged.contains(program)
             {
                 // The node fetches the program now: only with a place in the fetch window.
                 let Some(slot) = self.fetch_slot() else {
                     break;
                 };
-                self.staged.insert(program.to_string());
+                self.staged.insert(*program);
                 let stage = Command::Stage { digest: *program };
                 let stage_op = OpId::new(format!("stage-{}", program.hex()));
                 let stage_pending = Pending::Stage(Some(slot), tokio::time::Instant::now());
