@@ -168,8 +168,11 @@ impl Inspection {
     /// The human-readable form: one `name: value` per line, layers and manifests indented below.
     pub fn text(&self) -> String {
         let mut s = String::new();
+        // JSON escapes the controls below 0x20 but not DEL or the C1 controls: printable does.
         // Cannot fail: a list of strings always serializes.
-        let list = |v: &[String]| serde_json::to_string(v).expect("strings serialize");
+        let list = |v: &[String]| {
+            printable(&serde_json::to_string(v).expect("strings serialize")).into_owned()
+        };
         match self {
             Inspection::Manifest(m) => {
                 let _ = writeln!(s, "digest:      {}", m.digest);

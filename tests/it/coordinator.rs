@@ -1,7 +1,7 @@
 //! Tests: coordinator. The serving coordinator under pressure from outside its protocol: operator
 //! commands racing its start, connections that never say who they are, and an agent of another
 //! version sending a run state this coordinator does not know.
-use fleet_agent::identity::{self, Identity};
+use fleet_agent::identity::Identity;
 use fleet_proto::joinfile::JoinFile;
 use fleet_proto::protocol::{self, Down, Up};
 use serde_json::{Value, json};
@@ -182,14 +182,11 @@ fn a_thousand_unidentified_connections_hold_little_memory_and_a_node_still_works
 fn an_unknown_run_state_from_the_wire_is_refused_on_its_event_and_the_session_goes_on() {
     let dir = testkit::tempdir();
     let coord = Coordinator::start(&dir.path().join("coord"), &[]);
-    let join: JoinFile = serde_json::from_str(&coord.token(&["--name", "newer"])).unwrap();
-    let state = dir.path().join("node");
-    identity::prepare_state_dir(&state).unwrap();
-    let identity = identity::load_or_create(&state).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let testkit::agent::HandNode {
+        join,
+        identity,
+        runtime,
+    } = testkit::agent::HandNode::new(dir.path(), &coord, "newer");
     let node_id = runtime
         .block_on(fleet_agent::join::join(
             &identity,

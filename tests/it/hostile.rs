@@ -66,7 +66,7 @@ async fn try_join(join: &JoinFile, from: IpAddr, token: &str) -> Tried {
         return Tried::ClosedAfterJoin;
     }
     match tokio::time::timeout(WAIT, protocol::read_msg::<_, Down>(&mut tls)).await {
-        Ok(Ok(Some(Down::Joined { node_id }))) => Tried::Joined(node_id),
+        Ok(Ok(Some(Down::Joined { node_id, .. }))) => Tried::Joined(node_id),
         Ok(Ok(None)) | Ok(Err(_)) => Tried::ClosedAfterJoin,
         Ok(Ok(Some(other))) => panic!("a join was answered {other:?}"),
         Err(_) => panic!("a join from {from} was neither answered nor closed"),

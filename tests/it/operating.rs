@@ -526,6 +526,32 @@ fn capacity_holds_runs_at_once_and_queues_the_rest() {
     );
 }
 
+/// A node with no room skips the wake-ups of runs queued behind its capacity, but a raised
+/// capacity starts them at once: with a 5 s heartbeat and a 60 s lease, the two queued runs
+/// are running within 10 s of `capacity --runs 3`, not at the node's next end or lease look.
+#[test]
+fn a_raised_capacity_starts_the_queued_runs_at_once() {
+    let mut fleet = Fleet::serving(false, &["--heartbeat", "5s", "--lease", "60s"]);
+    fleet.add_machine("a", &[], false, &["--max-runs", "4"]);
+    testkit::ok((fleet.coord.command()).args(["capacity", "--node", "a", "--runs", "1"]));
+    let program = fleet.program("long", 30.0);
+    let set = fleet.run(&["--node", "a", "--repeat", "3"], &program, "long");
+    let count = |rows: &[Value], state: &str| rows.iter().filter(|r| r["state"] == state).count();
+    let mut rows = Vec::new();
+    let queued = wait_until(WAIT, || {
+        rows = fleet.rows(&set);
+        count(&rows, "running") == 1 && count(&rows, "waiting") == 2
+    });
+    assert!(queued, "{rows:#?}");
+    testkit::ok((fleet.coord.command()).args(["capacity", "--node", "a", "--runs", "3"]));
+    // Well before the first run ends (30 s) or the lease's look (60 s).
+    let started = wait_until(Duration::from_secs(10), || {
+        rows = fleet.rows(&set);
+        count(&rows, "running") == 3
+    });
+    assert!(started, "{rows:#?}");
+}
+
 /// Retire with a run out is refused in one line and changes nothing; with `--discard` the run
 /// ends `lost` (reason `retired`) and its program is stopped, the agent removes its state,
 /// disables its unit and exits 78 (its unit's `RestartPreventExitStatus`) with one line; the

@@ -41,6 +41,98 @@ fn the_store_conformance_suite_passes_on_postgres() {
     });
 }
 
+/// A heartbeat never waits for a row another transaction holds (a group commit writing in its
+/// own order would deadlock with it, and PostgreSQL's detection costs a second each time), and
+/// never touches a node's record (a serializable transaction writing it would be redone): while
+/// `psql` holds one node's lease and the other node's record, the lease write returns at once
+/// with the first node's beat left for the next write, and the second node's lease is written;
+/// once the row is free, the next write takes it.
+#[test]
+fn a_lease_write_passes_a_held_lease_by_and_hands_its_beat_back() {
+    use fleet_coordinator::store::Beat;
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let store = open(&url);
+    let [held, free] = [NodeId::new("n-held"), NodeId::new("n-free")];
+    for (i, node) in [&held, &free].into_iter().enumerate() {
+        store.add_token(&format!("t{i}"), &token(), 0).unwrap();
+        store
+            .redeem(&format!("t{i}"), &format!("ed25519:{i}"), node, 1, 10)
+            .unwrap();
+    }
+    let db = database_of(&url);
+    let mut holder = pg.sql_started(
+        db,
+        "BEGIN; SELECT node_id FROM leases WHERE node_id = 'n-held' FOR UPDATE;
+         SELECT id FROM nodes WHERE id = 'n-free' FOR UPDATE; SELECT pg_sleep(8); COMMIT;",
+    );
+    // Its sleep runs once the row is taken.
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(8)%' \
+                    AND state = 'active' AND pid <> pg_backend_pid()";
+    let holding = testkit::agent::wait_until(WAIT, || pg.sql(db, sleeping).trim() != "0");
+    assert!(holding, "psql took the row");
+    let beat = |node: &NodeId| Beat {
+        node_id: node.clone(),
+        at_ms: 50,
+        lease_until_ms: 50_000,
+    };
+    let started = std::time::Instant::now();
+    let left = store.write_leases(&[beat(&held), beat(&free)]).unwrap();
+    // Waiting, it would have taken the rest of the holder's 8 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the write waited {:?}",
+        started.elapsed()
+    );
+    let left: Vec<&str> = left.iter().map(|b| b.node_id.as_str()).collect();
+    assert_eq!(left, ["n-held"]);
+    assert_eq!(store.node(&free).unwrap().unwrap().lease_until_ms, 50_000);
+    assert_ne!(store.node(&held).unwrap().unwrap().lease_until_ms, 50_000);
+    assert!(holder.wait().unwrap().success());
+    assert!(store.write_leases(&[beat(&held)]).unwrap().is_empty());
+    assert_eq!(store.node(&held).unwrap().unwrap().lease_until_ms, 50_000);
+}
+
+/// A set is placed without a serializable snapshot (a set of 30 000 runs would otherwise never
+/// commit beside a busy fleet), yet a drain under way is never passed by it: while `psql` drains
+/// the node as `drain` does (its record, then the node-change count) and has not committed, the
+/// set waits for it, then is refused naming the node, and records nothing.
+#[test]
+fn a_set_placed_while_a_drain_commits_is_refused_for_the_drained_node() {
+    let pg = Postgres::start();
+    let url = pg.fresh_database();
+    let store = open(&url);
+    let node = NodeId::new("n-a");
+    store.add_token("t", &token(), 0).unwrap();
+    store
+        .redeem("t", "ed25519:a", &node, 1, u64::MAX / 2)
+        .unwrap();
+    let db = database_of(&url);
+    let mut drain = pg.sql_started(
+        db,
+        "BEGIN;
+         UPDATE nodes SET record = jsonb_set(record, '{drained_since_ms}', '5') WHERE id = 'n-a';
+         INSERT INTO meta (key, value) VALUES ('node_ends', 1)
+             ON CONFLICT (key) DO UPDATE SET value = meta.value + 1;
+         SELECT pg_sleep(3); COMMIT;",
+    );
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(3)%' \
+                    AND state = 'active' AND pid <> pg_backend_pid()";
+    assert!(
+        testkit::agent::wait_until(WAIT, || pg.sql(db, sleeping).trim() != "0"),
+        "psql began the drain"
+    );
+    let run = conformance::run("r-1", "s-1", "n-a", b"p", 10);
+    let e = store.create_set("s-1", &[run]).unwrap_err();
+    assert!(drain.wait().unwrap().success());
+    assert!(
+        matches!(&e, StoreError::Refused(why) if why == "the node n-a is draining: it takes no new run"),
+        "{e}"
+    );
+    assert!(store.set_runs("s-1").unwrap().is_none());
+    assert!(store.run(&RunId::parse("r-1").unwrap()).unwrap().is_none());
+}
+
 /// Two stores (as two coordinators) redeem the same token at the same moment with different
 /// keys, many times over: each time exactly one joins, and the other is refused.
 #[test]

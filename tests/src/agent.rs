@@ -430,3 +430,29 @@ pub fn any_file_contains(dir: &Path, needle: &str) -> Option<PathBuf> {
             .unwrap_or(false)
     })
 }
+
+/// A node driven by hand in a test: a join file minted by `coord` for `name`, the node key in
+/// `dir/name`, and a runtime to drive the protocol on.
+pub struct HandNode {
+    pub join: fleet_proto::joinfile::JoinFile,
+    pub identity: fleet_agent::identity::Identity,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+impl HandNode {
+    pub fn new(dir: &Path, coord: &Coordinator, name: &str) -> HandNode {
+        let join = serde_json::from_str(&coord.token(&["--name", name])).expect("a join file");
+        let state = dir.join(name);
+        fleet_agent::identity::prepare_state_dir(&state).expect("a state folder");
+        let identity = fleet_agent::identity::load_or_create(&state).expect("a node key");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        HandNode {
+            join,
+            identity,
+            runtime,
+        }
+    }
+}

@@ -7,6 +7,7 @@ pub mod pki;
 pub mod postgres;
 pub mod referrers_api;
 pub mod registry;
+pub mod release;
 pub mod runtime_suite;
 pub mod webdriver;
 use std::path::{Path, PathBuf};

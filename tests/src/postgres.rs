@@ -182,12 +182,23 @@ impl Postgres {
 
     /// Runs SQL in database `db` with `psql`; returns its unaligned output.
     pub fn sql(&self, db: &str, sql: &str) -> String {
+        crate::ok(&mut self.psql(db, sql))
+    }
+
+    /// Starts `psql` running SQL in database `db`, its output dropped; the caller waits for it.
+    pub fn sql_started(&self, db: &str, sql: &str) -> std::process::Child {
+        (self.psql(db, sql).stdout(std::process::Stdio::null()))
+            .spawn()
+            .expect("can start psql")
+    }
+
+    fn psql(&self, db: &str, sql: &str) -> Command {
         let mut cmd = Command::new(self.bin.join("psql"));
         cmd.arg("-h")
             .arg(self.socket_dir())
             .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", db])
             .args(["-v", "ON_ERROR_STOP=1", "-Atc", sql]);
-        crate::ok(&mut cmd)
+        cmd
     }
 }
 

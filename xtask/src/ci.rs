@@ -77,6 +77,7 @@ pub fn run(busy: bool) -> Result<()> {
         "aarch64-unknown-linux-musl",
         &["fleet-agent", "fleet-run-supervisor", "oci"],
     )?;
+    ensure_docker_engine()?;
     let load = busy.then(Load::start).transpose()?;
     let begun = std::time::Instant::now();
     util::run(Command::new("cargo").args(["test", "--workspace", "--", "--test-threads=4"]))?;
@@ -103,6 +104,44 @@ pub fn run(busy: bool) -> Result<()> {
     // Bundles are byte-identical from two checkouts at different paths (two release builds).
     cross::check_reproducible(Some("x86_64"))?;
     Ok(())
+}
+
+/// The Docker tests use the machine's engine for real: where it does not answer (not started
+/// yet, or gone), start `dockerd` in a session of its own and wait for it.
+fn ensure_docker_engine() -> Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let answers = || {
+        Command::new("docker")
+            .args(["version", "--format", "{{.Server.APIVersion}}"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if answers() {
+        return Ok(());
+    }
+    let log = std::fs::File::create(cross::target_dir().join("dockerd.log"))?;
+    let mut cmd = Command::new("dockerd");
+    cmd.stdout(log.try_clone()?)
+        .stderr(log)
+        .stdin(std::process::Stdio::null())
+        .process_group(0);
+    eprintln!("the Docker engine does not answer: $ {cmd:?} &");
+    cmd.spawn().map_err(|e| {
+        anyhow::anyhow!("cannot start dockerd ({e}): install docker.io or start the engine")
+    })?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while std::time::Instant::now() < deadline {
+        if answers() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    anyhow::bail!(
+        "dockerd did not answer within 90 s: see {}",
+        cross::target_dir().join("dockerd.log").display()
+    )
 }
 
 fn install_debian_packages() -> Result<()> {

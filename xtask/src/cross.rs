@@ -32,6 +32,7 @@ pub fn install_toolchain() -> Result<()> {
 /// Builds the named packages' binaries, release and static, for one musl target, with the
 /// checkout's and cargo's folders remapped out of them (the same binaries from any path).
 pub fn build_static(target: &str, packages: &[&str]) -> Result<()> {
+    install_toolchain()?;
     let mut cmd = Command::new("cargo");
     cmd.args(["zigbuild", "--release", "--target", target])
         .env("CARGO_ENCODED_RUSTFLAGS", reproducible_rustflags())
@@ -97,6 +98,43 @@ pub fn dist(arch: Option<&str>) -> Result<()> {
             .arg("-c")
             .arg("sha256sum hub-linux-*.tar.gz > SHA256SUMS && cat SHA256SUMS")
             .current_dir(&dist),
+    )
+}
+
+/// Signs the release in `dist/` with the release key `key` (its certificate `KEY.cert`), through
+/// `fleet-coordinator release sign`, which writes `release.json` and `release.sig`.
+pub fn sign(key: &Path, sequence: Option<u64>) -> Result<()> {
+    let sequence = match sequence {
+        Some(n) => n,
+        None => {
+            let out = util::output(Command::new("git").args(["rev-list", "--count", "HEAD"]))?;
+            out.trim()
+                .parse()
+                .with_context(|| format!("git rev-list --count HEAD printed {out:?}"))?
+        }
+    };
+    let mut cert = key.as_os_str().to_owned();
+    cert.push(".cert");
+    util::run(
+        Command::new(env!("CARGO"))
+            .args([
+                "run",
+                "-q",
+                "-p",
+                "fleet-coordinator",
+                "--",
+                "release",
+                "sign",
+                "--key",
+            ])
+            .arg(key)
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--dir")
+            .arg(util::root().join("dist"))
+            .arg("--sequence")
+            .arg(sequence.to_string())
+            .current_dir(util::root()),
     )
 }
 

@@ -34,6 +34,9 @@ struct Ran {
     /// Crash, leak, timeout and out-of-memory inputs found, as kept in fuzz/regressions.
     found: Vec<PathBuf>,
     failed: bool,
+    /// libFuzzer's account of a failure (the panic, its summary, the input in Base64), shown
+    /// again after the table: a CI log cut to its tail still says what failed and on what.
+    why: Vec<String>,
 }
 
 pub fn run(time: u64, target: Option<&str>, asan: bool, extra: &[String]) -> Result<()> {
@@ -85,12 +88,20 @@ pub fn run(time: u64, target: Option<&str>, asan: bool, extra: &[String]) -> Res
             }
         );
     }
+    for r in report.iter().filter(|r| !r.why.is_empty()) {
+        eprintln!("{}:", r.target);
+        for line in &r.why {
+            eprintln!("  {line}");
+        }
+    }
     eprintln!("fuzzing took {:.0} s in all", begun.elapsed().as_secs_f64());
     let found: Vec<String> = report
         .iter()
         .flat_map(|r| r.found.iter().map(|p| p.display().to_string()))
         .collect();
     if !found.is_empty() {
+        // The targets' scratch files live there: a full one fails a target as a crash would.
+        let _ = Command::new("df").args(["-h", "/dev/shm", "/tmp"]).status();
         bail!(
             "fuzzing found {} failing input(s), kept for `cargo test` to replay: {}; fix the decoder (cargo test -p fuzz-targets replays them) and keep them there",
             found.len(),
@@ -200,9 +211,21 @@ fn run_one(fuzz: &Path, name: &str, time: u64, asan: bool, extra: &[String]) -> 
         ..Ran::default()
     };
     let stderr = child.stderr.take().expect("piped");
+    // The panic's message follows its `panicked at` line.
+    let mut message_lines = 0;
     for line in BufReader::new(stderr).lines().map_while(Result::ok) {
         eprintln!("{line}");
         read_stats(&line, &mut ran);
+        if message_lines > 0 || is_failure_line(&line) {
+            message_lines = if line.contains("panicked at") {
+                4
+            } else {
+                message_lines.max(1) - 1
+            };
+            if ran.why.len() < 40 {
+                ran.why.push(line);
+            }
+        }
     }
     let status = child.wait()?;
     let _ = passing.join();
@@ -221,6 +244,15 @@ fn run_one(fuzz: &Path, name: &str, time: u64, asan: bool, extra: &[String]) -> 
     }
     ran.failed = !status.success();
     Ok(ran)
+}
+
+/// A line of libFuzzer's (or the target's) account of a failure worth repeating at the end.
+fn is_failure_line(line: &str) -> bool {
+    line.contains("panicked at")
+        || line.starts_with("==")
+        || line.starts_with("SUMMARY:")
+        || line.starts_with("Base64:")
+        || line.starts_with("artifact_prefix=")
 }
 
 /// Notes what a libFuzzer line says: `#N ... cov: C ft: F corp: K/S exec/s: E` status lines

@@ -34,6 +34,14 @@ enum Task {
         /// Only this architecture (x86_64 or arm64)
         #[arg(long)]
         arch: Option<String>,
+        /// Sign the release with this release key (its certificate is KEY.cert beside it):
+        /// writes dist/release.json and dist/release.sig
+        #[arg(long, value_name = "KEY", conflicts_with = "arch")]
+        sign: Option<std::path::PathBuf>,
+        /// The release's sequence (default: the number of commits on HEAD, which only grows
+        /// along main)
+        #[arg(long, requires = "sign")]
+        sequence: Option<u64>,
     },
     /// Run `dist` from two clones at different paths and check the bundles are byte-identical
     DistCheck {
@@ -76,7 +84,14 @@ fn main() {
     let result = match cli.task {
         Task::Ci { busy } => ci::run(busy),
         Task::Demo => demo::run(),
-        Task::Dist { arch } => cross::dist(arch.as_deref()),
+        Task::Dist {
+            arch,
+            sign,
+            sequence,
+        } => cross::dist(arch.as_deref()).and_then(|()| match sign {
+            Some(key) => cross::sign(&key, sequence),
+            None => Ok(()),
+        }),
         Task::DistCheck { arch } => cross::check_reproducible(arch.as_deref()),
         Task::Image => image::run(),
         Task::Bench { which } => bench::run(which),

@@ -47,6 +47,24 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs a command in the workspace root and answers what it printed on stdout; fails on a
+/// non-zero exit.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .current_dir(root())
+        .output()
+        .with_context(|| format!("cannot start {}", describe(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed with {}: {}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Whether a program is on PATH.
 pub fn have(program: &str) -> bool {
     Command::new("sh")

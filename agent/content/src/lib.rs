@@ -168,14 +168,19 @@ impl Blobs {
 
     /// Streams a file into the store (hashing as it reads) and returns its digest and size.
     pub fn import(&self, source: &Path) -> io::Result<(Digest, u64)> {
+        self.import_from(&mut File::open(source)?)
+    }
+
+    /// Streams what `reader` gives into the store (hashing as it reads) and returns its digest
+    /// and size; nothing is left behind when it fails.
+    pub fn import_from(&self, reader: &mut (impl Read + ?Sized)) -> io::Result<(Digest, u64)> {
         let temp = self.temp()?;
         let result = (|| {
-            let mut reader = File::open(source)?;
             let mut out = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(&temp)?;
-            let (digest, size) = copy_hashing(&mut reader, &mut out)?;
+            let (digest, size) = copy_hashing(reader, &mut out)?;
             drop(out);
             self.commit(&temp, &digest)?;
             Ok((digest, size))
@@ -245,7 +250,10 @@ fn settle(file: &Path, dest: &Path) -> io::Result<()> {
 }
 
 /// Copies everything, hashing it, through one buffer.
-pub fn copy_hashing(reader: &mut impl Read, out: &mut impl Write) -> io::Result<(Digest, u64)> {
+pub fn copy_hashing(
+    reader: &mut (impl Read + ?Sized),
+    out: &mut impl Write,
+) -> io::Result<(Digest, u64)> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
     let mut size = 0u64;

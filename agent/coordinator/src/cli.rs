@@ -65,6 +65,158 @@ pub enum Command {
     Revoke(NodeArgs),
     /// Remove the record of a retired, revoked or lost node
     Forget(NodeArgs),
+    /// Signed releases of the machines' binaries: keys, certificates, signing and checking
+    #[command(subcommand)]
+    Release(ReleaseCmd),
+    /// Roll a release out across the fleet in stages that halt by themselves (needs `serve`)
+    #[command(subcommand)]
+    Rollout(RolloutCmd),
+    /// Have one node take a release (the newest taken in unless --release): it checks it,
+    /// installs it and restarts into it on trial; `nodes` shows how that went (needs `serve`)
+    Update(UpdateArgs),
+}
+
+#[derive(Subcommand)]
+pub enum RolloutCmd {
+    /// Start rolling out a release: canaries, then each wave once the one before is healthy
+    Start(RolloutStartArgs),
+    /// Show the rollout: its state, its stage, and each stage's machines
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send the release to no more machines until resumed
+    Pause,
+    /// Go on with a paused or halted rollout
+    Resume,
+    /// Stop the rollout for good; machines keep what they run
+    Abort,
+}
+
+#[derive(Args)]
+pub struct RolloutStartArgs {
+    /// The release's sequence
+    #[arg(long)]
+    pub release: u64,
+    /// How many machines take it first
+    #[arg(long, default_value_t = 5)]
+    pub canaries: u32,
+    /// The shares of the eligible machines that have it after each wave, growing to 100%
+    #[arg(long, default_value = "1%,10%,50%,100%", value_parser = percents)]
+    pub waves: PercentList,
+    /// How long each stage must be healthy before the next one starts
+    #[arg(long, default_value = "10m", value_parser = duration::parse)]
+    pub wait: Duration,
+    /// Halt when more than this share of a stage's machines failed (reverted or refused)
+    #[arg(long, default_value = "5%", value_parser = percent)]
+    pub halt_at: u32,
+    /// Only the machines whose facts and labels match, as `run --where` reads them
+    #[arg(long = "where")]
+    pub selector: Option<String>,
+}
+
+/// `--waves`: percentages, comma-separated.
+#[derive(Debug, Clone)]
+pub struct PercentList(pub Vec<u32>);
+
+fn percent(text: &str) -> Result<u32, String> {
+    let number = text.trim().trim_end_matches('%');
+    match number.parse::<u32>() {
+        Ok(p) if p <= 100 => Ok(p),
+        _ => Err(format!("`{text}` is not a percentage from 0% to 100%")),
+    }
+}
+
+fn percents(text: &str) -> Result<PercentList, String> {
+    text.split(',')
+        .map(percent)
+        .collect::<Result<_, _>>()
+        .map(PercentList)
+}
+
+#[derive(Args)]
+pub struct UpdateArgs {
+    /// The node, by id or name
+    #[arg(long)]
+    pub node: String,
+    /// The release's sequence
+    #[arg(long)]
+    pub release: Option<u64>,
+}
+
+#[derive(Subcommand)]
+pub enum ReleaseCmd {
+    /// Make a signing key (a fleet root, or a release key) at --out; prints its public key
+    Keygen {
+        /// Where to write the key (PKCS#8 PEM, mode 0600); never over an existing file
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// As a fleet root, certify a release key: writes the certificate to --out
+    Certify {
+        /// The root's key file
+        #[arg(long)]
+        root: PathBuf,
+        /// The release key's public key (ed25519:BASE64), as `keygen` printed it
+        #[arg(long, value_parser = fleet_proto::pin::PinnedKey::parse)]
+        key: fleet_proto::pin::PinnedKey,
+        /// A name for people, kept in the certificate
+        #[arg(long, default_value = "release")]
+        name: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sign the release in --dir (its hub-linux-x86_64.tar.gz and hub-linux-arm64.tar.gz):
+    /// writes release.json, the manifest of every binary in them, and release.sig
+    Sign(ReleaseSignArgs),
+    /// Trust a root key: releases certified by it may be taken in (every coordinator of the
+    /// fleet reads it from the store)
+    Trust {
+        /// The root's public key (ed25519:BASE64), as `keygen` printed it
+        #[arg(long, value_parser = fleet_proto::pin::PinnedKey::parse)]
+        root: fleet_proto::pin::PinnedKey,
+    },
+    /// Take in the signed release in DIR: its signature is checked under the fleet's roots and
+    /// its binaries become content by digest on enough coordinators of the fleet
+    Add { dir: PathBuf },
+    /// List the releases taken in, oldest first
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the release in --dir as an agent does: signatures under the roots, expiry, and
+    /// every binary against the manifest; prints the manifest
+    Verify {
+        #[arg(long)]
+        dir: PathBuf,
+        /// A root public key of the fleet (ed25519:BASE64); repeat for several
+        #[arg(long = "root", required = true, value_parser = fleet_proto::pin::PinnedKey::parse)]
+        roots: Vec<fleet_proto::pin::PinnedKey>,
+    },
+}
+
+#[derive(Args)]
+pub struct ReleaseSignArgs {
+    /// The release key's file
+    #[arg(long)]
+    pub key: PathBuf,
+    /// The release key's certificate (from `release certify`)
+    #[arg(long)]
+    pub cert: PathBuf,
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The release's version, for people
+    #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
+    pub version: String,
+    /// Above every earlier release's: a machine never takes a release at or below what it runs
+    #[arg(long)]
+    pub sequence: u64,
+    /// The lowest sequence a machine that takes this release may ever go back to
+    #[arg(long)]
+    pub min_sequence: Option<u64>,
+    /// How long the signature holds (a stale release cannot be replayed after it)
+    #[arg(long, default_value = "90d", value_parser = duration::parse)]
+    pub expires_in: Duration,
 }
 
 #[derive(Args)]

@@ -2,6 +2,8 @@
 //! the changes waiting at that moment in one transaction ([`Store::apply`]) and answers each. A
 //! fleet of sessions then costs one commit per batch, not one per message: the disk sync (redb)
 //! or the round trip and WAL flush (PostgreSQL) is shared by everything that arrived meanwhile.
+//! One writer on PostgreSQL too: with three or four, their batches failed each other's
+//! serializable snapshots (684 retries in `bench fleet --queue`) and the queue took longer.
 use crate::metrics::Recorder;
 use crate::store::{Applied, Change, Store, StoreError, StoreResult};
 use std::sync::Arc;

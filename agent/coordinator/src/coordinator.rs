@@ -75,6 +75,9 @@ pub struct Coordinator {
     pulls: Pulls,
     fetch_window: FetchWindow,
     joins: JoinLimits,
+    /// Store calls running at once on the blocking pool: when a submit wakes 10 000 sessions,
+    /// the rest wait here as small futures, not as hundreds of threads contending for the store.
+    store_calls: tokio::sync::Semaphore,
     /// The events the metrics count.
     recorder: Recorder,
 }
@@ -122,6 +125,7 @@ impl Coordinator {
             });
         }
         let recorder = Recorder::default();
+        let store_calls = tokio::sync::Semaphore::new(store.parallel_calls());
         Ok(Coordinator {
             data: data.to_path_buf(),
             commits: Committer::start(store.clone(), recorder.clone()),
@@ -138,6 +142,7 @@ impl Coordinator {
             pulls: Pulls::default(),
             fetch_window: FetchWindow::default(),
             joins: JoinLimits::default(),
+            store_calls,
             recorder,
         })
     }
@@ -145,6 +150,18 @@ impl Coordinator {
     /// Runs a store call on tokio's blocking pool: redb waits for its disk sync, and the serving
     /// coordinator's one async thread must go on reading every other session meanwhile.
     pub async fn with_store<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&Store) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        // Cannot fail: the semaphore is never closed.
+        let _turn = self.store_calls.acquire().await.expect("never closed");
+        self.with_store_unqueued(call).await
+    }
+
+    /// [`Coordinator::with_store`] without waiting for a turn: for the lease writes alone, one
+    /// call a second. Queued behind the sessions' calls, a lease write waits out their backlog,
+    /// which while 10 000 sessions move in after a restart can pass a lease.
+    pub async fn with_store_unqueued<T: Send + 'static>(
         &self,
         call: impl FnOnce(&Store) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {

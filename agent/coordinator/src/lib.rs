@@ -17,6 +17,8 @@ mod nodes;
 pub mod operator;
 mod peer;
 pub mod placement;
+pub mod release;
+pub mod rollout;
 pub mod runs;
 pub mod serve;
 pub mod signing;

@@ -6,6 +6,7 @@ use clap::Parser;
 use cli::{Cli, Command, NodesArgs, RunArgs, ServeArgs, StatusArgs, TokenArgs};
 use fleet_cli::binary;
 use fleet_coordinator::runs::{RunRequest, RunView};
+use fleet_coordinator::store::NodeProtocol;
 use fleet_coordinator::{self as coordinator, Coordinator, NodeView, StoreLocation, TokenRequest};
 use fleet_coordinator::{metrics, operator, serve, userdata};
 use fleet_proto::joinfile::JoinFile;
@@ -198,6 +199,21 @@ fn run_coordinator(args: Cli) -> Result<()> {
         }
         Command::Retire(r) => end_node(&place, &r.node, NodeEnd::Retired, r.discard)?,
         Command::Revoke(r) => end_node(&place, &r.node, NodeEnd::Revoked, false)?,
+        Command::Release(r) => release(&place, r)?,
+        Command::Rollout(r) => rollout(&place, r)?,
+        Command::Update(u) => {
+            let request = operator::Request::Update {
+                node: u.node.clone(),
+                release: u.release,
+            };
+            let operator::Answer::Updating(sent) = operate(&place, request)? else {
+                return Err(mismatch("update"));
+            };
+            println!(
+                "{} restarts from release {} into {} on trial",
+                sent.node_id, sent.from, sent.to
+            );
+        }
         Command::Forget(f) => {
             let request = operator::Request::Forget {
                 node: f.node.clone(),
@@ -460,7 +476,7 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<20} {:<8} {:<16} {:<8} {:>4} {:>4} {:>6} {:<8} {:<10} {:<14} {:<16} PUBLIC KEY",
+        "{:<20} {:<8} {:<16} {:<8} {:>4} {:>4} {:>6} {:<8} {:<10} {:<8} {:<8} {:<9} {:<14} {:<16} PUBLIC KEY",
         "ID",
         "STATE",
         "NAME",
@@ -470,6 +486,9 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
         "RUNS",
         "IDLE",
         "VERSION",
+        "PROTOCOL",
+        "RELEASE",
+        "UPDATE",
         "HEARTBEAT",
         "LABELS"
     );
@@ -477,9 +496,10 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
     let ago = |t: u64| format!("{} s", now.saturating_sub(t) / 1000);
     for n in nodes {
         let facts = n.facts.as_ref();
+        let release = facts.and_then(|f| f.release.as_ref());
         let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
-            "{:<20} {:<8} {:<16} {:<8} {:>4} {:>4} {:>6} {:<8} {:<10} {:<14} {:<16} {}",
+            "{:<20} {:<8} {:<16} {:<8} {:>4} {:>4} {:>6} {:<8} {:<10} {:<8} {:<8} {:<9} {:<14} {:<16} {}",
             n.id,
             n.status,
             n.name.as_deref().unwrap_or("-"),
@@ -491,6 +511,15 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
                 .map_or(n.runs_out.to_string(), |c| format!("{}/{c}", n.runs_out)),
             n.idle_since_ms.map_or("-".into(), ago),
             facts.map_or("-", |f| f.agent_version.as_str()),
+            match n.protocol {
+                Some(NodeProtocol::Speaks { version }) => version.to_string(),
+                Some(NodeProtocol::Refused(_)) => "refused".into(),
+                None => "-".into(),
+            },
+            release.map_or("-".into(), |r| r.sequence.to_string()),
+            release
+                .and_then(|r| r.update.as_ref())
+                .map_or("-", update_word),
             n.last_heartbeat_ms
                 .map_or("never".into(), |t| format!("{} ago", ago(t))),
             if labels.is_empty() {
@@ -498,7 +527,12 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
             } else {
                 labels.join(",")
             },
-            n.error.as_deref().unwrap_or(&n.public_key)
+            // Why it is not served, where something says so; else its key.
+            match (&n.error, n.protocol) {
+                (Some(error), _) => error.clone(),
+                (None, Some(refused @ NodeProtocol::Refused(_))) => refused.to_string(),
+                (None, _) => n.public_key.clone(),
+            }
         );
     }
     Ok(())
@@ -587,4 +621,189 @@ fn mismatch(command: &str) -> anyhow::Error {
     anyhow::anyhow!(
         "the serving coordinator answered `{command}` with another kind of answer: run the CLI of the serving coordinator's version"
     )
+}
+
+fn release(place: &Place, command: cli::ReleaseCmd) -> Result<()> {
+    use fleet_coordinator::release;
+    match command {
+        cli::ReleaseCmd::Trust { root } => {
+            let operator::Answer::Roots(roots) =
+                operate(place, operator::Request::TrustRoot { root })?
+            else {
+                return Err(mismatch("release trust"));
+            };
+            for root in roots {
+                println!("{root}");
+            }
+        }
+        cli::ReleaseCmd::Add { dir } => {
+            let offered = release::offer(&dir, &coordinator::blobs(&place.data))?;
+            let operator::Answer::Release(taken) =
+                operate(place, operator::Request::AddRelease(offered))?
+            else {
+                return Err(mismatch("release add"));
+            };
+            let m = &taken.manifest;
+            let what = if taken.new { "took in" } else { "already had" };
+            println!(
+                "{what} release {} (sequence {}, {} binaries)",
+                m.version,
+                m.sequence,
+                m.binaries.len()
+            );
+        }
+        cli::ReleaseCmd::List { json } => {
+            let operator::Answer::Releases(releases) = operate(place, operator::Request::Releases)?
+            else {
+                return Err(mismatch("release list"));
+            };
+            if json {
+                let manifests: Vec<_> = releases.iter().map(|r| &r.manifest_read).collect();
+                println!("{}", serde_json::to_string_pretty(&manifests)?);
+            } else {
+                println!(
+                    "{:<10} {:<12} {:<9} {:<24} BINARIES",
+                    "SEQUENCE", "VERSION", "FLOOR", "EXPIRES (UNIX MS)"
+                );
+                for r in &releases {
+                    let m = &r.manifest_read;
+                    println!(
+                        "{:<10} {:<12} {:<9} {:<24} {}",
+                        m.sequence,
+                        m.version,
+                        m.min_sequence,
+                        m.expires_at_ms,
+                        m.binaries.len()
+                    );
+                }
+            }
+        }
+        cli::ReleaseCmd::Keygen { out } => println!("{}", release::keygen(&out)?),
+        cli::ReleaseCmd::Certify {
+            root,
+            key,
+            name,
+            out,
+        } => {
+            release::certify(&root, &key, &name, &out)?;
+            eprintln!(
+                "certified {key} as the release key {name:?} in {}",
+                out.display()
+            );
+        }
+        cli::ReleaseCmd::Sign(s) => {
+            let request = release::SignRequest {
+                key: s.key,
+                certificate: s.cert,
+                dir: s.dir.clone(),
+                version: s.version,
+                sequence: s.sequence,
+                min_sequence: s.min_sequence,
+                expires_at_ms: fleet_proto::clock::now_ms() + s.expires_in.as_millis() as u64,
+            };
+            let manifest = release::sign(&request)?;
+            eprintln!(
+                "signed release {} (sequence {}, {} binaries) in {}",
+                manifest.version,
+                manifest.sequence,
+                manifest.binaries.len(),
+                s.dir.display()
+            );
+        }
+        cli::ReleaseCmd::Verify { dir, roots } => {
+            let manifest = release::verify_dir(&dir, &roots, fleet_proto::clock::now_ms())?;
+            println!("{}", serde_json::to_string_pretty(&manifest)?);
+        }
+    }
+    Ok(())
+}
+
+/// The state of a node's last update, in one word for the `nodes` table (`--json` has it whole).
+fn update_word(outcome: &fleet_proto::release::UpdateOutcome) -> &'static str {
+    use fleet_proto::release::UpdateOutcome;
+    match outcome {
+        UpdateOutcome::Trial { .. } => "trial",
+        UpdateOutcome::Kept { .. } => "kept",
+        UpdateOutcome::Reverted { .. } => "reverted",
+        UpdateOutcome::Refused { .. } => "refused",
+    }
+}
+
+fn rollout(place: &Place, command: cli::RolloutCmd) -> Result<()> {
+    use fleet_coordinator::rollout::{RolloutPlan, RolloutState};
+    let (request, json) = match command {
+        cli::RolloutCmd::Start(s) => {
+            let plan = RolloutPlan {
+                release: s.release,
+                canaries: s.canaries,
+                waves: s.waves.0,
+                wait_ms: s.wait.as_millis() as u64,
+                halt_at: s.halt_at,
+                selector: s.selector,
+            };
+            (operator::Request::StartRollout(plan), false)
+        }
+        cli::RolloutCmd::Status { json } => (operator::Request::Rollout, json),
+        cli::RolloutCmd::Pause => (operator::Request::SetRollout(RolloutState::Paused), false),
+        cli::RolloutCmd::Resume => (operator::Request::SetRollout(RolloutState::Running), false),
+        cli::RolloutCmd::Abort => (operator::Request::SetRollout(RolloutState::Aborted), false),
+    };
+    let operator::Answer::Rollout(rollout) = operate(place, request)? else {
+        return Err(mismatch("rollout"));
+    };
+    let Some(rollout) = rollout else {
+        anyhow::bail!("no rollout was started: see `fleet-coordinator rollout start --help`");
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rollout)?);
+    } else {
+        print_rollout(&rollout);
+    }
+    Ok(())
+}
+
+fn print_rollout(rollout: &fleet_coordinator::rollout::Rollout) {
+    use fleet_coordinator::rollout::{MachineOutcome, RolloutState, state_word};
+    let plan = &rollout.plan;
+    println!(
+        "release {}: {} at stage {} (canaries {}, waves {:?}%, halt above {}%)",
+        plan.release,
+        state_word(&rollout.state),
+        rollout.stage,
+        plan.canaries,
+        plan.waves,
+        plan.halt_at
+    );
+    if let RolloutState::Halted { reason } = &rollout.state {
+        println!("halted: {reason}");
+    }
+    println!(
+        "{:<8} {:>8} {:>8} {:>8} {:>8}",
+        "STAGE", "MACHINES", "KEPT", "FAILED", "PENDING"
+    );
+    let stages = (0..=plan.waves.len()).chain([usize::MAX]);
+    for stage in stages {
+        let of: Vec<_> = rollout
+            .machines
+            .values()
+            .filter(|m| m.stage == stage)
+            .collect();
+        if of.is_empty() {
+            continue;
+        }
+        let count = |f: fn(&MachineOutcome) -> bool| of.iter().filter(|m| f(&m.outcome)).count();
+        let name = match stage {
+            0 => "canaries".to_string(),
+            usize::MAX => "resumed".to_string(),
+            k => format!("wave {k}"),
+        };
+        println!(
+            "{:<8} {:>8} {:>8} {:>8} {:>8}",
+            name,
+            of.len(),
+            count(|o| matches!(o, MachineOutcome::Kept)),
+            count(|o| matches!(o, MachineOutcome::Failed { .. })),
+            count(|o| matches!(o, MachineOutcome::Pending)),
+        );
+    }
 }

@@ -4,7 +4,8 @@ use crate::Coordinator;
 use crate::error::CoordinatorError;
 use crate::placement::Selector;
 use crate::store::{
-    self, EndOutcome, Ending, ForgetOutcome, NodeRecord, Store, StoreResult, TokenRecord,
+    self, EndOutcome, Ending, ForgetOutcome, NodeProtocol, NodeRecord, Store, StoreResult,
+    TokenRecord,
 };
 use fleet_proto::NodeId;
 use fleet_proto::clock::now_ms;
@@ -84,6 +85,9 @@ pub struct NodeView {
     /// Since when it holds no run (its last run ended, or it joined); absent while it holds one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since_ms: Option<u64>,
+    /// The protocol version its newest session speaks, or why its last hello was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<NodeProtocol>,
 }
 
 /// A node's state as `nodes` shows it and `nodes --state` selects: its end, else its drain, else
@@ -373,6 +377,7 @@ fn view(node: NodeRecord, now: u64, runs_out: u64) -> NodeView {
         capacity_set: node.capacity,
         ended: node.ended,
         idle_since_ms: (runs_out == 0).then(|| node.idle_since_ms.unwrap_or(node.joined_at_ms)),
+        protocol: node.protocol,
     }
 }
 
@@ -401,5 +406,6 @@ fn failed_view(token_hash: &str, token: TokenRecord) -> NodeView {
         capacity: None,
         capacity_set: None,
         idle_since_ms: None,
+        protocol: None,
     }
 }

@@ -68,12 +68,34 @@ pub enum Request {
     Forget {
         node: String,
     },
+    /// `release trust --root KEY`.
+    TrustRoot {
+        root: fleet_proto::pin::PinnedKey,
+    },
+    /// `release list`.
+    Releases,
+    /// `update --node N [--release SEQUENCE]`.
+    Update {
+        node: String,
+        release: Option<u64>,
+    },
+    /// `rollout start ...`.
+    StartRollout(crate::rollout::RolloutPlan),
+    /// `rollout status`.
+    Rollout,
+    /// `rollout pause`, `resume`, `abort`.
+    SetRollout(crate::rollout::RolloutState),
+    /// `release add DIR`, its binaries already in the data folder's blob store.
+    AddRelease(fleet_proto::release::ReleaseOffer),
 }
 
 impl Request {
     /// Whether asking twice changes nothing.
     pub fn is_read_only(&self) -> bool {
-        matches!(self, Request::Nodes { .. } | Request::Status { .. })
+        matches!(
+            self,
+            Request::Nodes { .. } | Request::Status { .. } | Request::Releases | Request::Rollout
+        )
     }
 }
 
@@ -97,6 +119,12 @@ pub enum Answer {
         node: Box<NodeView>,
         lost: u64,
     },
+    /// The roots a release may be certified by.
+    Roots(Vec<fleet_proto::pin::PinnedKey>),
+    Releases(Vec<crate::store::ReleaseRecord>),
+    Release(crate::release::TakenRelease),
+    Updating(crate::release::UpdateSent),
+    Rollout(Option<Box<crate::rollout::Rollout>>),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -132,6 +160,14 @@ pub async fn handle(
             .replicate(&request)
             .await
             .map(Answer::Replicated),
+        Request::Update { node, release } => coordinator
+            .update_node(&node, release)
+            .await
+            .map(Answer::Updating),
+        Request::AddRelease(offered) => coordinator
+            .take_release(offered, address.is_some())
+            .await
+            .map(Answer::Release),
         // The signature is checked against the registry first, the content is held by enough
         // coordinators of the fleet, then the set is recorded.
         Request::Run(req) => {
@@ -203,12 +239,29 @@ fn answer(
                 })
         }
         Request::Forget { node } => coordinator.forget(&node).map(|n| Answer::Node(Box::new(n))),
+        Request::TrustRoot { root } => (coordinator.store().trust_release_root(&root))
+            .map(Answer::Roots)
+            .map_err(CoordinatorError::from),
+        Request::StartRollout(plan) => coordinator
+            .start_rollout(plan)
+            .map(|r| Answer::Rollout(Some(Box::new(r)))),
+        Request::Rollout => coordinator
+            .rollout()
+            .map(|r| Answer::Rollout(r.map(Box::new))),
+        Request::SetRollout(state) => coordinator
+            .set_rollout(state)
+            .map(|r| Answer::Rollout(Some(Box::new(r)))),
+        Request::Releases => (coordinator.store().releases())
+            .map(Answer::Releases)
+            .map_err(CoordinatorError::from),
         Request::Status { set, run } => coordinator
             .status(set.as_deref(), run.as_deref())
             .map(Answer::Status),
         Request::Collect { .. }
         | Request::Stop { .. }
         | Request::Replicate(_)
+        | Request::AddRelease(_)
+        | Request::Update { .. }
         | Request::Run(_) => {
             unreachable!(
                 "run, collect, stop and replicate go beyond the store; `handle` answers them"

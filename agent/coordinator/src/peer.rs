@@ -9,7 +9,7 @@ use crate::{Coordinator, KEY_FILE};
 use fleet_content::{self as content, ContentError};
 use fleet_proto::dial::DialError;
 use fleet_proto::protocol::{
-    self, Answer, Command, Down, FrameError, Refusal, RefusalClass, Reply, Up,
+    self, Answer, Command, Down, FrameError, Opening, Refusal, RefusalClass, Reply, Up,
 };
 use fleet_proto::{Digest, NodeId};
 use std::time::Duration;
@@ -81,7 +81,7 @@ pub(crate) async fn relay(
         node_id: node_id.clone(),
         command,
     };
-    protocol::write_msg(&mut stream, &ask).await?;
+    protocol::write_msg(&mut stream, &Opening::new(ask)).await?;
     let answered = tokio::time::timeout(patience, protocol::read_msg::<_, Down>(&mut stream))
         .await
         .map_err(|_| PeerError::Late {
@@ -120,7 +120,7 @@ pub(crate) async fn pull(
             digest: *digest,
             offset,
         };
-        protocol::write_msg(&mut stream, &fetch)
+        protocol::write_msg(&mut stream, &Opening::new(fetch))
             .await
             .map_err(|e| failed(format!("asking {address} for it failed: {e}")))?;
         match protocol::read_msg::<_, Down>(&mut stream).await {
@@ -148,7 +148,7 @@ pub(crate) async fn ask_to_hold(
         })
     };
     let mut stream = dial(coordinator, address).await?;
-    protocol::write_msg(&mut stream, &Up::Hold { digest: *digest }).await?;
+    protocol::write_msg(&mut stream, &Opening::new(Up::Hold { digest: *digest })).await?;
     match protocol::read_msg::<_, Down>(&mut stream).await? {
         Some(Down::Stored { digest: held }) if held == *digest => Ok(()),
         Some(Down::ContentRefused { message }) => Err(failed(format!("{address}: {message}"))),

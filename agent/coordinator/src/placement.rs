@@ -355,6 +355,7 @@ mod tests {
                     .collect(),
                 max_runs: None,
                 measured_link: None,
+                release: None,
             }),
             joined_at_ms: 0,
             last_heartbeat_ms: None,
@@ -365,6 +366,7 @@ mod tests {
             drained_since_ms: None,
             ended: None,
             idle_since_ms: None,
+            protocol: None,
             capacity: None,
         }
     }

@@ -722,7 +722,7 @@ impl Coordinator {
     /// Sends `command` to the node over its live session, here or through the coordinator of
     /// the fleet that holds it (`what` names the operator command for the error when there is
     /// none), and returns the node's reply.
-    async fn call_node(
+    pub(crate) async fn call_node(
         &self,
         node_id: &NodeId,
         what: &str,
@@ -794,8 +794,11 @@ impl Coordinator {
         waiting_timeout_ms: u64,
         up_since_ms: u64,
         lease_ms: u64,
+        read_at_ms: u64,
     ) -> Result<(), CoordinatorError> {
-        let now = now_ms();
+        // Judged at the time of the read: a lease renewed while a slow read went on is not seen
+        // in `nodes`, and the clock of now would find it passed.
+        let now = read_at_ms;
         let nodes: HashMap<&NodeId, u64> =
             (nodes.iter()).map(|n| (&n.id, n.lease_until_ms)).collect();
         let mut retried = false;

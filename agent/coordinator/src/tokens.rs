@@ -73,6 +73,7 @@ impl Coordinator {
         };
         // The fleet's other coordinators now (on a shared store), for the node to try in turn.
         let alternates = self.fleet().others_than(&address);
+        let release_roots = self.store().release_roots()?;
         let tokens: Vec<String> = (0..count).map(|_| new_token()).collect();
         let hashed: Vec<(String, TokenRecord)> = (tokens.iter())
             .map(|token| (token_hash(token), record.clone()))
@@ -90,6 +91,7 @@ impl Coordinator {
                 bundle_sha256: request.bundle_sha256.clone(),
                 name: request.name.clone(),
                 labels: request.labels.clone(),
+                release_roots: release_roots.clone(),
             })
             .collect())
     }

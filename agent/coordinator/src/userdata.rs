@@ -8,17 +8,16 @@ use crate::http::FAILURE_PATH;
 use fleet_proto::joinfile::{DEFAULT_PATH, JoinFile};
 use fleet_proto::unit::ENDED_EXIT_STATUS;
 
-/// Where the bundle is unpacked on the machine.
-pub const INSTALL_DIR: &str = "/opt/octomy";
-pub use fleet_proto::unit::UNIT_PATH;
+pub use fleet_proto::unit::{INSTALL_DIR, UNIT_PATH};
 /// The first words of the boot log's line when the bootstrap fails.
 pub const FAILED: &str = "fleet bootstrap failed:";
 
 /// The agent's systemd unit: started after the network at every boot (after a reboot the agent
 /// resumes from its membership; the join file under /run is gone by then), restarted whenever it
 /// dies, and locked down as far as the agent allows. The agent stays root because its runs need
-/// it; it may write only its state, its run store, the join file's folder (to remove the file)
-/// and cloud-init's folder (to remove the copies of the user data).
+/// it; it may write only its state, its run store, the join file's folder (to remove the file),
+/// cloud-init's folder (to remove the copies of the user data) and its install folder (to
+/// install a release).
 pub fn unit() -> String {
     format!(
         "\
@@ -41,7 +40,8 @@ NoNewPrivileges=yes
 ProtectSystem=strict
 StateDirectory=octomy-agent octomy-runs
 StateDirectoryMode=0700
-ReadWritePaths=-{join_dir} -/var/lib/cloud
+# The install folder too: a self-update installs its releases there and switches the link.
+ReadWritePaths=-{join_dir} -/var/lib/cloud {INSTALL_DIR}
 PrivateTmp=yes
 ProtectHome=read-only
 ProtectKernelModules=yes

@@ -13,7 +13,7 @@
 use anyhow::{Context, Result};
 use fleet_proto::joinfile::{JoinFile, Secret, TOKEN_PREFIX};
 use fleet_proto::pin;
-use fleet_proto::protocol::{self, Down, Up};
+use fleet_proto::protocol::{self, Down, Opening, Up};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -90,7 +90,7 @@ enum Ended {
 struct Target {
     address: SocketAddr,
     tls: tokio_rustls::TlsConnector,
-    join: Up,
+    join: Opening,
 }
 
 /// Source address `i` of the flood: 127.0.1.1, 127.0.1.2, ... 127.0.1.254, 127.0.2.1, ...
@@ -116,11 +116,11 @@ pub async fn run(join: &JoinFile, flood: Flood) -> Result<()> {
     let target = Arc::new(Target {
         address,
         tls: tokio_rustls::TlsConnector::from(config),
-        join: Up::Join {
+        join: Opening::new(Up::Join {
             token: Secret(wrong),
             name: Some("flood".into()),
             labels: Default::default(),
-        },
+        }),
     });
     let counters = Arc::new(Counters::default());
     let open = Arc::new(tokio::sync::Semaphore::new(flood.concurrency.max(1)));

@@ -15,12 +15,15 @@ mod flood;
 use anyhow::{Context, Result};
 use clap::Parser;
 use fleet_agent::content::ContentLink;
-use fleet_agent::dial::Coordinators;
+use fleet_agent::dial::{Coordinators, Dialed};
 use fleet_agent::identity::Identity;
 use fleet_content::Blobs;
 use fleet_proto::facts::Facts;
 use fleet_proto::joinfile::JoinFile;
-use fleet_proto::protocol::{self, Answer, Command, Down, Refusal, RefusalClass, Reply, Up};
+use fleet_proto::protocol::{
+    self, Answer, Command, Down, Opening, Refusal, RefusalClass, Reply, Up,
+};
+use fleet_proto::release::{ReleaseFacts, ReleaseOffer, UpdateOutcome};
 use fleet_proto::run::{Event, Outcome, RunReport, RunState, Workload};
 use fleet_proto::{Digest, NodeId, OpId, RunId};
 use std::io::BufRead;
@@ -95,6 +98,10 @@ struct Counters {
     fetch_failures: AtomicU64,
     /// Starts that came while the node already ran as many runs as its capacity.
     over_capacity: AtomicU64,
+    /// Releases taken (fetched and reported kept, without exec'ing anything).
+    updated: AtomicU64,
+    /// The bytes of release binaries fetched.
+    update_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -112,6 +119,8 @@ impl Counters {
             "fetched": get(&self.fetched),
             "fetch_failures": get(&self.fetch_failures),
             "over_capacity": get(&self.over_capacity),
+            "updated": get(&self.updated),
+            "update_bytes": get(&self.update_bytes),
         })
         .to_string()
     }
@@ -196,17 +205,38 @@ async fn node(
             validity: Duration::from_secs(3600),
             blobs: Blobs::new(&behaviour.blobs),
         },
+        release: ReleaseFacts {
+            sequence: 0,
+            update: None,
+        },
         behaviour,
         running: 0,
         done: tokio::sync::mpsc::unbounded_channel(),
     };
     let mut backoff = fleet_agent::backoff::Backoff::new(Duration::from_millis(200));
+    let mut home = None;
     loop {
         let address = coordinators.current();
-        let ended = session(&identity, &join, &address, &node_id, &mut node, counters).await;
-        match ended {
-            Ok(true) => backoff.reset(),
-            Ok(false) => {}
+        let ready = home.take();
+        let ended = session(
+            &identity,
+            &join,
+            &coordinators,
+            &node_id,
+            &mut node,
+            counters,
+            ready,
+        );
+        match ended.await {
+            // As the agent does: back to the coordinator it joined through, over the connection
+            // made while the session elsewhere went on.
+            Ok(Left::Home(dialed)) => {
+                backoff.reset();
+                coordinators.go_home();
+                home = Some(*dialed);
+                continue;
+            }
+            Ok(Left::Ended) => backoff.reset(),
             Err(e) => eprintln!("{node_id}: session at {address} ended: {e:#}"),
         }
         coordinators.advance();
@@ -214,44 +244,59 @@ async fn node(
     }
 }
 
-/// One session at `address`; Ok(true) when it was open before it ended.
+/// How a session that did not fail ended.
+enum Left {
+    /// It was open, and the coordinator ended it.
+    Ended,
+    /// It was open away from home, and home took this connection.
+    Home(Box<Dialed>),
+}
+
+/// One session at the current coordinator.
 async fn session(
     identity: &Identity,
     join: &JoinFile,
-    address: &str,
+    coordinators: &Coordinators,
     node_id: &NodeId,
     node: &mut Sim,
     counters: &Counters,
-) -> Result<bool> {
-    let dialed = fleet_agent::dial::dial(
-        address,
-        identity,
-        &join.pinned_key(),
-        Duration::from_secs(3600),
-    )
-    .await?;
+    ready: Option<Dialed>,
+) -> Result<Left> {
+    let pinned = join.pinned_key();
+    let dial = |address: String| {
+        let pinned = pinned.clone();
+        async move {
+            fleet_agent::dial::dial(&address, identity, &pinned, Duration::from_secs(3600)).await
+        }
+    };
+    let dialed = match ready {
+        Some(dialed) => dialed,
+        None => dial(coordinators.current()).await?,
+    };
     let mut stream = dialed.stream;
     let hello = Up::Hello {
         node_id: node_id.clone(),
     };
-    protocol::write_msg(&mut stream, &hello).await?;
+    protocol::write_msg(&mut stream, &Opening::new(hello)).await?;
     let Some(Down::Welcome { heartbeat_ms, .. }) = protocol::read_msg(&mut stream).await? else {
         anyhow::bail!("no welcome");
     };
     counters.sessions.fetch_add(1, Ordering::Relaxed);
     counters.live.fetch_add(1, Ordering::Relaxed);
-    let ended = open_session(stream, heartbeat_ms, node, counters).await;
+    let home = coordinators.dial_home(dial);
+    let ended = open_session(stream, heartbeat_ms, home, node, counters).await;
     counters.live.fetch_sub(1, Ordering::Relaxed);
-    ended.map(|()| true)
+    ended
 }
 
 async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut stream: S,
     heartbeat_ms: u64,
+    home: impl std::future::Future<Output = Dialed>,
     node: &mut Sim,
     counters: &Counters,
-) -> Result<()> {
-    let facts = facts(node.behaviour.capacity);
+) -> Result<Left> {
+    let facts = facts(node.behaviour.capacity, &node.release);
     protocol::write_msg(&mut stream, &Up::Facts { facts }).await?;
     // As the agent replays its spool: every event not acked yet, again.
     for event in &node.spool.unacked {
@@ -271,8 +316,10 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
         }
     });
     let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(50)));
+    tokio::pin!(home);
     let ended = loop {
         tokio::select! {
+            dialed = &mut home => break Ok(Left::Home(Box::new(dialed))),
             _ = heartbeat.tick() => {
                 if let Err(e) = protocol::write_msg(&mut writer, &Up::Heartbeat).await {
                     break Err(e.into());
@@ -293,7 +340,7 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
                 Some(Ok(Some(Down::Ack { up_to }))) => node.spool.unacked.retain(|e| e.id > up_to),
                 Some(Ok(Some(_))) => {}
                 Some(Err(e)) => break Err(e.into()),
-                None | Some(Ok(None)) => break Ok(()),
+                None | Some(Ok(None)) => break Ok(Left::Ended),
             },
         }
     };
@@ -309,6 +356,8 @@ struct Sim {
     behaviour: Behaviour,
     /// Runs started and not reported finished yet.
     running: u32,
+    /// The release it "runs": one it was sent is fetched and reported kept, nothing exec'd.
+    release: ReleaseFacts,
     /// Runs whose time is up, to be reported finished (in whichever session is open then).
     done: (
         tokio::sync::mpsc::UnboundedSender<RunId>,
@@ -328,6 +377,13 @@ impl Sim {
     ) -> Result<()> {
         let (answer, started) = match command {
             Command::Stage { digest } => (self.fetch(&digest, counters).await, None),
+            Command::Update { release } => {
+                let answer = self.take(&release, counters).await;
+                protocol::write_msg(writer, &Up::Result { op, answer }).await?;
+                let facts = facts(self.behaviour.capacity, &self.release);
+                protocol::write_msg(writer, &Up::Facts { facts }).await?;
+                return Ok(());
+            }
             Command::Start(start) => {
                 let program = match &start.workload {
                     Workload::Program(digest) => Some(*digest),
@@ -383,6 +439,31 @@ impl Sim {
             protocol::write_msg(writer, &Up::Event { event }).await?;
         }
         Ok(())
+    }
+
+    /// A release as an agent takes it, without the swap: its binaries for this target fetched by
+    /// digest on the content path, then reported kept. The signature is the agent's to check;
+    /// a simulated node reads the manifest as it is.
+    async fn take(&mut self, release: &ReleaseOffer, counters: &Counters) -> Answer {
+        let manifest =
+            (release.read_unchecked()).map_err(|e| Refusal::new(RefusalClass::Release, e))?;
+        let target = fleet_agent::update::TARGET;
+        for binary in manifest.binaries.iter().filter(|b| b.target == target) {
+            let held = self.content.blobs.has(&binary.sha256);
+            self.fetch(&binary.sha256, counters).await?;
+            if !held {
+                counters
+                    .update_bytes
+                    .fetch_add(binary.size, Ordering::Relaxed);
+            }
+        }
+        let (from, to) = (self.release.sequence, manifest.sequence);
+        self.release = ReleaseFacts {
+            sequence: to,
+            update: Some(UpdateOutcome::Kept { from, to }),
+        };
+        counters.updated.fetch_add(1, Ordering::Relaxed);
+        Ok(Reply::Updating { from, to })
     }
 
     /// The program, fetched and checked on the agent's content path unless held already.
@@ -447,7 +528,7 @@ struct Spool {
     unacked: Vec<Event>,
 }
 
-fn facts(capacity: Option<u32>) -> Facts {
+fn facts(capacity: Option<u32>, release: &ReleaseFacts) -> Facts {
     Facts {
         arch: std::env::consts::ARCH.to_string(),
         cpus: 2,
@@ -460,5 +541,6 @@ fn facts(capacity: Option<u32>) -> Facts {
         // None: no limit declared, as an agent from before capacities: every run is sent at once.
         max_runs: capacity,
         measured_link: None,
+        release: Some(release.clone()),
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 pub const DEFAULT_STATE: &str = "/var/lib/octomy-agent";
 pub const DEFAULT_CLOUD_ROOT: &str = "/var/lib/cloud";
+pub use fleet_proto::unit::INSTALL_DIR as DEFAULT_INSTALL_DIR;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -30,6 +31,10 @@ pub struct AgentConfig {
     pub docker: crate::runtime::docker::EngineAddress,
     /// Where replicated artifacts go; None refuses artifact commands.
     pub artifact_root: Option<PathBuf>,
+    /// Where its releases are installed.
+    pub install_dir: PathBuf,
+    /// How long a new release's trial lasts.
+    pub update_trial: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +83,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
                 coordinator_key: file.pin(),
                 name: file.name.clone(),
                 joined_at_ms: now_ms(),
+                release_roots: file.release_roots.clone(),
             };
             // Recorded before the secrets go: a crash in between retries the join, which the
             // coordinator answers again for this key.
@@ -104,6 +110,23 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
             // Cannot fail: the task returns its errors; it panics only on a bug, which should stop the agent.
             .expect("opening the node does not panic")?
     };
+    let install = crate::update::Install::new(&config.install_dir);
+    let releases = crate::update::Releases {
+        started_as: install.running(),
+        install,
+        state: config.state.clone(),
+        roots: membership.release_roots.clone(),
+        trial: config.update_trial,
+    };
+    // An update a restart cut into is finished first (a revert execs the restored agent here).
+    let at_start = releases.at_start().unwrap_or_else(|e| {
+        tracing::warn!("cannot read the release record: {e}");
+        crate::update::AtStart::Normal
+    });
+    let facts = crate::facts::FactsSource {
+        releases: Some(releases.clone()),
+        ..config.facts.clone()
+    };
     let coordinators = Coordinators::new(membership.addresses());
     let content = crate::content::ContentLink {
         address: coordinators.clone(),
@@ -113,11 +136,31 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         validity: config.session.validity,
         blobs: crate::node::content_blobs(&config.state),
     };
-    let node = Arc::new(node.with_content(
-        content,
-        config.artifact_root.as_deref(),
-        config.facts.link.clone(),
-    ));
+    let node = Arc::new(
+        node.with_content(
+            content,
+            config.artifact_root.as_deref(),
+            config.facts.link.clone(),
+        )
+        .with_releases(Some(releases.clone())),
+    );
+    if let crate::update::AtStart::OnTrial {
+        from,
+        to,
+        deadline_ms,
+    } = at_start
+    {
+        tracing::info!(from, to, "running release {to} on trial");
+        let node = node.clone();
+        let began = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            let in_session = || node.in_session.load(std::sync::atomic::Ordering::SeqCst);
+            releases
+                .trial(from, to, deadline_ms, began, &in_session)
+                .await;
+            node.facts_changed.notify_one();
+        });
+    }
     // Starts a crash cut off before their launch: those that cannot be completed fail before
     // the session opens; the others are completed beside it (a pull may take long).
     let launches = {
@@ -151,7 +194,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         &membership,
         &coordinators,
         &remember,
-        &config.facts,
+        &facts,
         &node,
         &config.session,
     )

@@ -48,6 +48,13 @@ pub struct AgentArgs {
     /// How long each session certificate is valid; renewed at two thirds
     #[arg(long, default_value = "10m", value_parser = duration::parse)]
     pub session_validity: Duration,
+    /// Where the agent's releases live (`releases/`, the `current` link, and `fleet-agent` and
+    /// `fleet-run-supervisor` through it): what a self-update installs into
+    #[arg(long, default_value = fleet_agent::agent::DEFAULT_INSTALL_DIR)]
+    pub install_dir: PathBuf,
+    /// How long a new release has to hold a session and pass its self-check before it is reverted
+    #[arg(long, default_value = "25s", value_parser = duration::parse)]
+    pub update_trial: Duration,
     /// The run supervisor (default: fleet-run-supervisor beside this executable)
     #[arg(long)]
     pub supervisor: Option<PathBuf>,

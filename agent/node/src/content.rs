@@ -5,7 +5,7 @@
 use crate::dial;
 use crate::identity::Identity;
 use fleet_content::{self as content, Blobs, ContentError, Streamed, land};
-use fleet_proto::protocol::{self, Down, Up};
+use fleet_proto::protocol::{self, Down, Opening, Up};
 use fleet_proto::{Digest, UploadId};
 use sha2::Sha256;
 use std::path::PathBuf;
@@ -174,7 +174,7 @@ impl ContentLink {
                 false => cut(e.to_string()),
             })?;
         let mut stream = dialed.stream;
-        protocol::write_msg(&mut stream, &first)
+        protocol::write_msg(&mut stream, &Opening::new(first))
             .await
             .map_err(|e| cut(e.to_string()))?;
         Ok(stream)

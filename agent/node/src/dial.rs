@@ -5,6 +5,9 @@ pub use fleet_proto::dial::{DialError, Dialed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How long a dial home may take before the node stays where it is, to look again later.
+const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The fleet's coordinators as this node knows them, and the one it talks to now; shared by the
 /// session (which moves on when its coordinator does not answer) and the content path (which
 /// follows the session).
@@ -75,6 +78,45 @@ impl Coordinators {
             }
         }
         known.addresses.len() > before
+    }
+
+    /// The coordinator this node joined through (its home), while its session is elsewhere.
+    pub fn away_from_home(&self) -> Option<String> {
+        let known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (known.current != 0).then(|| known.addresses[0].clone())
+    }
+
+    /// Makes the home coordinator the current one again.
+    pub fn go_home(&self) {
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        known.current = 0;
+    }
+
+    /// Resolves with a connection to home once a session away from home should go back: home
+    /// took a dial. Tried every 15 to 45 s, at random, so the nodes a restarted coordinator held
+    /// return to it spread over time instead of piling up on the others restart after restart;
+    /// the session it leaves ends only once the connection to home is made (a home still too
+    /// busy to finish a handshake costs the node nothing).
+    pub async fn dial_home<T, E, Fut>(&self, dial: impl Fn(String) -> Fut) -> T
+    where
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        loop {
+            let delay = 15_000 + rand::random::<u64>() % 30_000;
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let Some(home) = self.away_from_home() else {
+                continue;
+            };
+            if let Ok(Ok(dialed)) = tokio::time::timeout(HOME_DIAL_TIMEOUT, dial(home)).await {
+                return dialed;
+            }
+        }
     }
 }
 

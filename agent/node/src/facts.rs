@@ -25,6 +25,7 @@ pub async fn collect(run_store: &Path, accelerator_tool: &Path) -> Facts {
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         accelerators: accelerators(accelerator_tool).await,
         measured_link: None,
+        release: None,
     }
 }
 
@@ -121,6 +122,8 @@ pub struct FactsSource {
     pub link: std::sync::Arc<LinkMeter>,
     /// `--max-runs`: how many runs it takes at once (None: one per CPU).
     pub max_runs: Option<u32>,
+    /// Where its releases live: the release it runs and how its last update went.
+    pub releases: Option<crate::update::Releases>,
 }
 
 impl FactsSource {
@@ -129,6 +132,7 @@ impl FactsSource {
         // One run per CPU unless told otherwise: the coordinator queues the rest.
         facts.max_runs = Some(self.max_runs.unwrap_or(facts.cpus.max(1) as u32));
         facts.measured_link = self.link.published(std::time::Instant::now());
+        facts.release = self.releases.as_ref().map(|r| r.facts());
         facts
     }
 }

@@ -55,6 +55,10 @@ pub struct Membership {
     #[serde(default)]
     pub name: Option<String>,
     pub joined_at_ms: u64,
+    /// The fleet's release root keys, from the join file: a release is taken only when one of
+    /// them certified its key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub release_roots: Vec<fleet_proto::pin::PinnedKey>,
 }
 
 impl Membership {

@@ -6,7 +6,8 @@ use crate::dial::{self, DialError};
 use crate::identity::Identity;
 use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::JoinFile;
-use fleet_proto::protocol::{self, Down, Up};
+use fleet_proto::protocol::{self, Down, Opening, Up};
+use fleet_proto::version::Incompatible;
 use std::time::Duration;
 
 /// The join connection's certificate only needs to outlive one exchange.
@@ -87,6 +88,8 @@ enum Failure {
     NoAnswer,
     #[error("the coordinator answered with something other than joined")]
     Unexpected,
+    #[error("the coordinator refused the join: {0}")]
+    Incompatible(Incompatible),
 }
 
 async fn attempt_once(
@@ -103,7 +106,7 @@ async fn attempt_once(
         name: file.name.clone(),
         labels: file.labels.clone(),
     };
-    protocol::write_msg(&mut dialed.stream, &request)
+    protocol::write_msg(&mut dialed.stream, &Opening::new(request))
         .await
         .map_err(|_| Failure::NoAnswer)?;
     let answer = tokio::time::timeout(
@@ -112,7 +115,8 @@ async fn attempt_once(
     )
     .await;
     match answer {
-        Ok(Ok(Some(Down::Joined { node_id }))) => Ok(node_id),
+        Ok(Ok(Some(Down::Joined { node_id, .. }))) => Ok(node_id),
+        Ok(Ok(Some(Down::Incompatible { versions }))) => Err(Failure::Incompatible(versions)),
         Ok(Ok(Some(_))) => Err(Failure::Unexpected),
         _ => Err(Failure::NoAnswer),
     }

@@ -15,4 +15,5 @@ pub mod node;
 pub mod runtime;
 pub mod session;
 pub mod state;
+pub mod update;
 pub mod url_read;

@@ -10,6 +10,17 @@ use fleet_agent::session::SessionSettings;
 use fleet_cli::binary;
 
 fn main() {
+    // The watchdog of an update, started by the agent itself from the old release's binary.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "watch-update")
+    {
+        let args = WatchCli::parse_from(std::env::args_os().skip(1));
+        binary::run("fleet-agent watch-update", args.log_format, || {
+            Ok(fleet_agent::update::watch(&args.watch)?)
+        });
+        return;
+    }
     let cli = AgentArgs::parse();
     binary::run("fleet-agent", cli.log_format, || run_agent(cli));
 }
@@ -25,7 +36,10 @@ fn run_agent(args: AgentArgs) -> Result<()> {
             accelerator_tool: args.accelerator_tool,
             link: Default::default(),
             max_runs: args.max_runs,
+            releases: None,
         },
+        install_dir: args.install_dir,
+        update_trial: args.update_trial,
         artifact_root: args.artifact_root,
         session: SessionSettings {
             validity: args.session_validity,
@@ -51,4 +65,14 @@ fn run_agent(args: AgentArgs) -> Result<()> {
             }
         }
     })
+}
+
+/// `fleet-agent watch-update ...`: not for people; the agent starts it for each update.
+#[derive(Parser)]
+#[command(name = "watch-update")]
+struct WatchCli {
+    #[arg(long, value_enum, default_value = "human")]
+    log_format: fleet_cli::logging::LogFormat,
+    #[command(flatten)]
+    watch: fleet_agent::update::WatchArgs,
 }

@@ -42,6 +42,12 @@ pub struct Node {
     fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::Mutex<()>>>>,
     /// When the content was last pruned.
     pruned_at: std::sync::Mutex<Option<Instant>>,
+    /// Where its releases live; None refuses updates.
+    pub releases: Option<crate::update::Releases>,
+    /// Whether a session is open now (what a new release's trial waits for).
+    pub in_session: std::sync::atomic::AtomicBool,
+    /// Told when the facts changed outside a session's reading of them (a release kept).
+    pub facts_changed: tokio::sync::Notify,
 }
 
 /// Content no run record refers to is removed once untouched this long: the grace covers a
@@ -64,6 +70,9 @@ impl Node {
             artifacts: None,
             fetching: Default::default(),
             pruned_at: Default::default(),
+            releases: None,
+            in_session: Default::default(),
+            facts_changed: Default::default(),
         })
     }
 
@@ -77,6 +86,12 @@ impl Node {
     ) -> Node {
         self.content = Some(content);
         self.artifacts = artifact_root.map(|root| (Blobs::new(root), meter));
+        self
+    }
+
+    /// Takes updates into `releases`.
+    pub fn with_releases(mut self, releases: Option<crate::update::Releases>) -> Node {
+        self.releases = releases;
         self
     }
 
@@ -130,6 +145,20 @@ impl Node {
                 max_bytes,
             } => self.collect(run_id, path, upload, max_bytes.unwrap_or(u64::MAX)),
             Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
+            Command::Update { release } => match &self.releases {
+                Some(releases) => {
+                    let taken = releases.take(release, &|digest| self.fetch(digest));
+                    if taken.is_err() {
+                        // The refusal is in the facts too, for whoever reads `nodes`.
+                        self.facts_changed.notify_one();
+                    }
+                    taken
+                }
+                None => Err(Refusal::new(
+                    RefusalClass::Release,
+                    "this agent runs without an install folder (--install-dir): it cannot update itself",
+                )),
+            },
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
                 "facts are answered by the session",

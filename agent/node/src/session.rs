@@ -3,14 +3,15 @@
 //! sent as they happen, a fresh credential before the current one lapses, and reconnection with
 //! capped backoff and jitter, logged every time.
 use crate::backoff::Backoff;
-use crate::dial::{self, Coordinators, DialError};
+use crate::dial::{self, Coordinators, DialError, Dialed};
 use crate::facts::FactsSource;
 use crate::identity::{Identity, Membership};
 use crate::node::Node;
 use fleet_proto::OpId;
 use fleet_proto::protocol::{
-    self, Answer, Command, Down, FrameError, NodeEnd, Refusal, RefusalClass, Reply, Up,
+    self, Answer, Command, Down, FrameError, NodeEnd, Opening, Refusal, RefusalClass, Reply, Up,
 };
+use fleet_proto::version::{Incompatible, Versions};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWrite;
@@ -81,11 +82,22 @@ pub struct SessionSettings {
     pub retry_base: Duration,
 }
 
+/// A connection made to the coordinator the node joined through, for its next session.
+struct HomeDialed(Box<Dialed>);
+
+impl std::fmt::Debug for HomeDialed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HomeDialed")
+    }
+}
+
 /// Why one session ended.
 #[derive(Debug, thiserror::Error)]
 enum Ended {
     #[error("the credential is due for renewal")]
     Renew,
+    #[error("the coordinator it joined through answers again")]
+    Home(HomeDialed),
     #[error(transparent)]
     Dial(DialError),
     #[error(
@@ -104,6 +116,8 @@ enum Ended {
     ByOperator(NodeEnd),
     #[error("the coordinator cannot serve a session now: {0}")]
     Unavailable(String),
+    #[error("the coordinator refused the session: {0}")]
+    Incompatible(Incompatible),
 }
 
 /// Keeps a session open for as long as the process lives; returns only once the fleet's
@@ -119,6 +133,7 @@ pub async fn run(
 ) -> Result<NodeEnd, DialError> {
     let pinned = membership.coordinator_key.as_bytes().to_vec();
     let mut backoff = Backoff::new(settings.retry_base);
+    let mut home = None;
     loop {
         let session = Session {
             identity,
@@ -130,8 +145,13 @@ pub async fn run(
             node,
             settings,
         };
-        match session.run(&mut backoff).await {
+        match session.run(&mut backoff, home.take()).await {
             Ended::Renew => tracing::info!("session credential renewed"),
+            Ended::Home(HomeDialed(dialed)) => {
+                coordinators.go_home();
+                home = Some(*dialed);
+                tracing::info!(home = %coordinators.current(), "going back to the coordinator it joined through");
+            }
             Ended::Dial(e) if e.is_fatal() => return Err(e),
             Ended::ByOperator(end) => return Ok(end),
             ended => {
@@ -163,24 +183,21 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    async fn run(&self, backoff: &mut Backoff) -> Ended {
+    /// One session at the current coordinator, over `ready` when a connection was made already.
+    async fn run(&self, backoff: &mut Backoff, ready: Option<Dialed>) -> Ended {
         let started = tokio::time::Instant::now();
-        let mut dialed = match dial::dial(
-            &self.coordinators.current(),
-            self.identity,
-            self.pinned,
-            self.settings.validity,
-        )
-        .await
-        {
-            Ok(d) => d,
-            Err(e) => return Ended::Dial(e),
+        let mut dialed = match ready {
+            Some(dialed) => dialed,
+            None => match self.dial(self.coordinators.current()).await {
+                Ok(d) => d,
+                Err(e) => return Ended::Dial(e),
+            },
         };
         let stream = &mut dialed.stream;
         let hello = Up::Hello {
             node_id: self.membership.node_id.clone(),
         };
-        if let Err(e) = protocol::write_msg(stream, &hello).await {
+        if let Err(e) = protocol::write_msg(stream, &Opening::new(hello)).await {
             return e.into();
         }
         let welcome = match tokio::time::timeout(
@@ -196,16 +213,25 @@ impl Session<'_> {
         match welcome {
             Down::Ended { end } => return Ended::ByOperator(end),
             Down::Unavailable { message } => return Ended::Unavailable(message),
+            Down::Incompatible { versions } => return Ended::Incompatible(versions),
             _ => {}
         }
         let Down::Welcome {
             generation,
             heartbeat_ms,
             coordinators,
+            speaks,
             ..
         } = welcome
         else {
             return Ended::Refused;
+        };
+        // A coordinator that welcomes a version it does not share is wrong; say so, never guess.
+        let Some(protocol) = Versions::SPOKEN.common(speaks) else {
+            return Ended::Incompatible(Incompatible {
+                agent: Versions::SPOKEN,
+                coordinator: speaks,
+            });
         };
         if self.coordinators.learn(&coordinators) {
             (self.remember)(self.coordinators.all());
@@ -215,7 +241,17 @@ impl Session<'_> {
             return Ended::Store(e);
         }
         backoff.reset();
-        tracing::info!(generation, node_id = %self.membership.node_id, coordinator = %self.coordinators.current(), "session open");
+        if let Some(releases) = &self.node.releases
+            && releases.confirm_blame()
+        {
+            tracing::warn!(
+                "the restored agent holds a session: the reverted release is blamed, never tried again"
+            );
+        }
+        self.node
+            .in_session
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        tracing::info!(generation, node_id = %self.membership.node_id, coordinator = %self.coordinators.current(), %protocol, "session open");
         let (reader, mut writer) = tokio::io::split(dialed.stream);
         // A reader task of its own: a read cancelled halfway through a frame would lose it.
         let (tx, mut inbox) = tokio::sync::mpsc::channel::<Inbound>(64);
@@ -233,8 +269,15 @@ impl Session<'_> {
         let ended = self
             .serve(&mut writer, &mut inbox, generation, heartbeat_ms, started)
             .await;
+        self.node
+            .in_session
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         reading.abort();
         ended
+    }
+
+    async fn dial(&self, address: String) -> Result<Dialed, DialError> {
+        dial::dial(&address, self.identity, self.pinned, self.settings.validity).await
     }
 
     async fn serve<W: AsyncWrite + Unpin>(
@@ -265,6 +308,8 @@ impl Session<'_> {
         // about a run waits for that run's start, so it never overtakes the start it follows.
         let mut working = Working::default();
         let changes = self.node.runtime.changes();
+        let home = self.coordinators.dial_home(|home| self.dial(home));
+        tokio::pin!(home);
         loop {
             tokio::select! {
                 Some(done) = working.tasks.join_next(), if !working.tasks.is_empty() => {
@@ -287,6 +332,13 @@ impl Session<'_> {
                     }
                 }
                 _ = tokio::time::sleep_until(renew_at) => return Ended::Renew,
+                _ = self.node.facts_changed.notified() => {
+                    let facts = Up::Facts { facts: self.facts.collect().await };
+                    if let Err(e) = protocol::write_msg(writer, &facts).await {
+                        return e.into();
+                    }
+                }
+                dialed = &mut home => return Ended::Home(HomeDialed(Box::new(dialed))),
                 msg = inbox.recv() => match msg {
                     None | Some(Ok(None)) => return Ended::Closed,
                     Some(Err(e)) => return e.into(),
@@ -366,7 +418,9 @@ impl Session<'_> {
                     }
                     Holds::Nothing
                 }
-                Command::Facts | Command::Replicate { .. } => Holds::Nothing,
+                Command::Facts | Command::Replicate { .. } | Command::Update { .. } => {
+                    Holds::Nothing
+                }
             };
             if working.tasks.len() >= MAX_WORKING {
                 return;
@@ -394,7 +448,16 @@ impl Session<'_> {
             Ok(Done { op, answer, held }) => {
                 working.release(&held);
                 let started = answer.is_ok();
+                let swapped = match (&answer, &self.node.releases) {
+                    (Ok(Reply::Updating { to, .. }), Some(r)) => r.started_as != *to,
+                    _ => false,
+                };
                 protocol::write_msg(writer, &Up::Result { op, answer }).await?;
+                if swapped && let Some(releases) = &self.node.releases {
+                    // The answer is out; the watchdog watches this process, which becomes the new agent.
+                    let e = releases.exec();
+                    tracing::error!("cannot restart into the new release: {e}");
+                }
                 // A run just launched is looked at once now, so `running` goes out with its
                 // answer instead of at the next heartbeat.
                 if let (Holds::Start(run), true) = (held, started) {

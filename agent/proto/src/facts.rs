@@ -19,6 +19,9 @@ pub struct Facts {
     /// The slowest whole artifact copy this machine made in the last hour, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_link: Option<MeasuredLink>,
+    /// The release it runs and how its last update went; absent from agents before releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<crate::release::ReleaseFacts>,
 }
 
 /// How fast this machine really copied an artifact: the path, its disk and the hash together,

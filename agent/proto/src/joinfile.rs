@@ -46,6 +46,9 @@ pub struct JoinFile {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// The fleet's release root keys: the agent takes only a release certified by one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub release_roots: Vec<crate::pin::PinnedKey>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -29,7 +29,9 @@ pub mod facts;
 pub mod joinfile;
 pub mod pin;
 pub mod protocol;
+pub mod release;
 pub mod run;
 pub mod unit;
+pub mod version;
 
 pub use fleet_vocab::{Bytes, Digest, NodeId, OpId, RunId, UploadId};

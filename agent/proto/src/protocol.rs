@@ -2,6 +2,7 @@
 use crate::facts::Facts;
 use crate::joinfile::Secret;
 use crate::run::{Event, RunOptions, RunReport, RunState, Workload};
+use crate::version::{Incompatible, Versions};
 use fleet_vocab::{Digest, NodeId, OpId, RunId, UploadId};
 
 use serde::de::DeserializeOwned;
@@ -12,6 +13,27 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The largest message either side accepts from an identified peer.
 pub const MAX_FRAME: usize = 16 << 20;
+
+/// The first message of every connection: what it is for, and the protocol versions its sender
+/// speaks. On the wire it is that message with a `speaks` field beside its own; a sender of
+/// release 0.1.0 wrote none.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Opening {
+    #[serde(flatten)]
+    pub first: Up,
+    #[serde(default = "Versions::unstated")]
+    pub speaks: Versions,
+}
+
+impl Opening {
+    /// `first`, stating what this build speaks.
+    pub fn new(first: Up) -> Opening {
+        Opening {
+            first,
+            speaks: Versions::SPOKEN,
+        }
+    }
+}
 
 /// Agent to coordinator.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -93,6 +115,9 @@ pub enum Up {
 pub enum Down {
     Joined {
         node_id: NodeId,
+        /// The versions the coordinator speaks (absent from one of release 0.1.0).
+        #[serde(default = "Versions::unstated")]
+        speaks: Versions,
     },
     /// The session is open. `generation` is its fencing token: it grows with every session, and
     /// anything stamped with an older one is refused.
@@ -104,7 +129,13 @@ pub enum Down {
         /// when this one goes away; empty from a coordinator that does not say.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         coordinators: Vec<String>,
+        /// The versions the coordinator speaks (absent from one of release 0.1.0).
+        #[serde(default = "Versions::unstated")]
+        speaks: Versions,
     },
+    /// Instead of a welcome or a join's answer: the two sides share no protocol version. Sent
+    /// only to a peer that stated its versions (one of 0.1.0 gets [`Down::Unavailable`]).
+    Incompatible { versions: Incompatible },
     /// Work for the node, with an operation id the node records before answering, and the
     /// session's generation for fencing.
     Command {
@@ -113,45 +144,27 @@ pub enum Down {
         command: Command,
     },
     /// Every event with an id up to and including `up_to` is stored; the node may forget them.
-    Ack {
-        up_to: u64,
-    },
+    Ack { up_to: u64 },
     /// On a content connection: the content is `size` bytes in all, and the bytes from the
     /// asked offset follow raw.
-    Content {
-        size: u64,
-    },
+    Content { size: u64 },
     /// On an upload connection: send from byte `offset` (what an earlier, cut try left).
-    UploadFrom {
-        offset: u64,
-    },
+    UploadFrom { offset: u64 },
     /// On an upload connection: the bytes landed, checked, under their digest.
-    Stored {
-        digest: Digest,
-    },
+    Stored { digest: Digest },
     /// A content connection refused, in one line.
-    ContentRefused {
-        message: String,
-    },
+    ContentRefused { message: String },
     /// To another coordinator: the node's answer to a relayed command.
-    Relayed {
-        answer: Answer,
-    },
+    Relayed { answer: Answer },
     /// Instead of a welcome: this coordinator cannot serve a session now (its store does not
     /// answer), and why; the node tries again, here or at another coordinator.
-    Unavailable {
-        message: String,
-    },
+    Unavailable { message: String },
     /// In an open session: the fleet's coordinators now (`host:port`), sent whenever the set
     /// changes, so a node learns a coordinator that came after its welcome.
-    Coordinators {
-        coordinators: Vec<String>,
-    },
+    Coordinators { coordinators: Vec<String> },
     /// The fleet's operator ended this node: its key is refused from now on, on every
     /// coordinator. Sent instead of a welcome, or in an open session, which then ends.
-    Ended {
-        end: NodeEnd,
-    },
+    Ended { end: NodeEnd },
 }
 
 /// How the operator ended a node; either way its key is refused from then on.
@@ -210,6 +223,12 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         read: Option<MintedRead>,
     },
+    /// Take this signed release: the node checks it itself, fetches its binaries by digest,
+    /// installs them beside the running ones, swaps and restarts into them on trial (sent only
+    /// in sessions of protocol 2 and later).
+    Update {
+        release: crate::release::ReleaseOffer,
+    },
 }
 
 /// A read minted for one fetch: the node holds no standing credential to any store.
@@ -228,7 +247,10 @@ impl Command {
     pub fn mutates(&self) -> bool {
         matches!(
             self,
-            Command::Stage { .. } | Command::Start(_) | Command::Stop { .. }
+            Command::Stage { .. }
+                | Command::Start(_)
+                | Command::Stop { .. }
+                | Command::Update { .. }
         )
     }
 }
@@ -283,6 +305,12 @@ pub enum Reply {
         copy_ms: u64,
         bytes_per_s: Option<u64>,
     },
+    /// The release is installed and the node restarts into it, on trial: the outcome comes in
+    /// its facts.
+    Updating {
+        from: u64,
+        to: u64,
+    },
 }
 
 /// Why a node refused a command: a class both sides match on, and one line for people.
@@ -326,6 +354,8 @@ pub enum RefusalClass {
     Store,
     /// Relayed between coordinators: the one asked holds no session of the node (any more).
     NoSession,
+    /// A release the node does not take: its signature, expiry, sequence, target or binaries.
+    Release,
     /// The run could not start, or anything else; the message says why.
     #[serde(other)]
     Other,

@@ -1,7 +1,8 @@
 //! `frames`: the bytes one connection carries, read as each side reads them.
 //!
 //! - The coordinator's accept: the first frame, within [`MAX_UNIDENTIFIED_FRAME`], as a typed
-//!   [`Up`] (a join, hello, fetch, upload, relay or copy).
+//!   [`Opening`]: an [`Up`] (a join, hello, fetch, upload, relay, hold or copy) and the protocol
+//!   versions its sender speaks.
 //! - Both sessions: every later frame within [`MAX_FRAME`] as a JSON value, then as [`Up`] (the
 //!   coordinator's reader) and as [`Down`] (the agent's); and the agent's typed [`Down`] reads
 //!   (join, content, peer answers).
@@ -12,8 +13,8 @@
 //! value; a token or registry password never shows in `Debug`.
 use crate::support::{block_on, peak_bytes, value};
 use fleet_proto::protocol::{
-    Command, Down, FrameError, MAX_FRAME, MAX_UNIDENTIFIED_FRAME, Up, read_msg, read_msg_within,
-    write_msg,
+    Command, Down, FrameError, MAX_FRAME, MAX_UNIDENTIFIED_FRAME, Opening, Up, read_msg,
+    read_msg_within, write_msg,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,8 +25,9 @@ const MAX_MESSAGES: usize = 256;
 pub fn frames(data: &[u8]) {
     // The coordinator's first read of a connection.
     let mut rest = data;
-    if let Some(first) = read_checked::<Up>(&mut rest, MAX_UNIDENTIFIED_FRAME) {
-        first_message(&first);
+    if let Some(opening) = read_checked::<Opening>(&mut rest, MAX_UNIDENTIFIED_FRAME) {
+        round_trip(&opening);
+        first_message(&opening.first);
     }
     // The session readers, both ways, from the start of the input.
     let mut rest = data;

@@ -7,13 +7,14 @@ use fleet_agent::state::{Launch, Store};
 use fleet_proto::facts::{Accelerator, Facts, MeasuredLink};
 use fleet_proto::joinfile::Secret;
 use fleet_proto::protocol::{
-    Command, Down, MAX_UNIDENTIFIED_FRAME, MintedRead, Refusal, RefusalClass, Reply, StartRun, Up,
-    write_msg,
+    Command, Down, MAX_UNIDENTIFIED_FRAME, MintedRead, Opening, Refusal, RefusalClass, Reply,
+    StartRun, Up, write_msg,
 };
 use fleet_proto::run::{
     Event, Gpus, ImageRef, Outcome, OutputEnd, RegistryAuth, Resources, RunOptions, RunReport,
     RunState, Workload,
 };
+use fleet_proto::version::Versions;
 use fleet_proto::{Bytes, Digest, NodeId, OpId, RunId, UploadId};
 use fuzz_targets::support::block_on;
 use std::collections::BTreeMap;
@@ -149,6 +150,7 @@ fn facts() -> Facts {
             confidence: 0.8,
             basis: "whole_copy".into(),
         }),
+        release: None,
     }
 }
 
@@ -265,10 +267,14 @@ fn record_frames() {
             ("gpu".into(), "a100".into()),
         ]),
     };
-    let joined = Down::Joined { node_id: node() };
+    let joined = Down::Joined {
+        node_id: node(),
+        speaks: Versions::SPOKEN,
+    };
+    let join = Opening::new(join);
     std::fs::write(dir.join("join-then-joined"), frames_of(&[&join, &joined])).expect("write");
     let mut session: Vec<Box<dyn erased::Frame>> = vec![
-        Box::new(Up::Hello { node_id: node() }),
+        Box::new(Opening::new(Up::Hello { node_id: node() })),
         Box::new(Up::Facts { facts: facts() }),
         Box::new(Up::Heartbeat),
         Box::new(Up::Event { event: event(41) }),
@@ -278,23 +284,23 @@ fn record_frames() {
     }
     let refs: Vec<&dyn erased::Frame> = session.iter().map(|b| b.as_ref()).collect();
     std::fs::write(dir.join("hello-session-up"), frames_of(&refs)).expect("write");
-    let fetch = Up::Fetch {
+    let fetch = Opening::new(Up::Fetch {
         node_id: node(),
         digest: digest("ab"),
         offset: 4096,
         ticket: Some("t-0a1b2c".into()),
-    };
+    });
     let content = Down::Content { size: 1 << 20 };
     std::fs::write(
         dir.join("fetch-then-content"),
         frames_of(&[&fetch, &content]),
     )
     .expect("write");
-    let upload = Up::Upload {
+    let upload = Opening::new(Up::Upload {
         node_id: node(),
         upload: UploadId::new("up-7"),
         size: 7,
-    };
+    });
     let from = Down::UploadFrom { offset: 0 };
     let sent = Up::Sent {
         digest: digest("12"),
@@ -307,10 +313,10 @@ fn record_frames() {
         frames_of(&[&upload, &from, &sent, &stored]),
     )
     .expect("write");
-    let relay = Up::Relay {
+    let relay = Opening::new(Up::Relay {
         node_id: node(),
         command: Command::Start(start()),
-    };
+    });
     let relayed = Down::Relayed {
         answer: Ok(Reply::Started {
             run_id: run_id("train-42"),
@@ -322,10 +328,10 @@ fn record_frames() {
         frames_of(&[&relay, &relayed]),
     )
     .expect("write");
-    let copy = Up::Copy {
+    let copy = Opening::new(Up::Copy {
         digest: digest("34"),
         offset: 0,
-    };
+    });
     let refused = Down::ContentRefused {
         message: "sha256:34.. is not in this coordinator's blob store".into(),
     };
@@ -335,6 +341,7 @@ fn record_frames() {
         heartbeat_ms: 5000,
         lease_ms: 15000,
         coordinators: vec!["10.0.0.5:7443".into(), "[2001:db8::1]:7443".into()],
+        speaks: Versions::SPOKEN,
     })];
     for (n, command) in commands().into_iter().enumerate() {
         down.push(Box::new(Down::Command {
@@ -487,6 +494,7 @@ fn record_node_records() {
         .expect("a key"),
         name: Some("edge-7".into()),
         joined_at_ms: 1_796_293_000_000,
+        release_roots: Vec::new(),
     };
     fleet_agent::identity::save_membership(id_dir.path(), &membership).expect("save");
     let mut d = b"d".to_vec();

@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const TARGET: &str = "x86_64-unknown-linux-musl";
-const HEARTBEAT: Duration = Duration::from_secs(5);
+pub(super) const TARGET: &str = "x86_64-unknown-linux-musl";
+pub(super) const HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long the steady heartbeat is watched for its CPU cost.
 const STEADY: Duration = Duration::from_secs(30);
 
@@ -30,13 +30,13 @@ pub enum StoreKind {
 }
 
 /// K coordinators serving, with `nodes` simulated nodes from one loadgen per coordinator.
-struct Bench {
-    coords: Vec<Coordinator>,
+pub(super) struct Bench {
+    pub(super) coords: Vec<Coordinator>,
     loadgens: Vec<Proc>,
     counters: Vec<mpsc::Receiver<Value>>,
-    pids: Vec<u32>,
+    pub(super) pids: Vec<u32>,
     cluster: Option<Cluster>,
-    work: std::path::PathBuf,
+    pub(super) work: std::path::PathBuf,
     /// The coordinators' RSS before any node joined.
     empty_kib: u64,
     /// Until every node was in session.
@@ -47,7 +47,7 @@ struct Bench {
 }
 
 impl Bench {
-    fn start(
+    pub(super) fn start(
         nodes: usize,
         k: usize,
         store: StoreKind,
@@ -133,11 +133,11 @@ impl Bench {
         })
     }
 
-    fn rss_kib(&self) -> Result<u64> {
+    pub(super) fn rss_kib(&self) -> Result<u64> {
         rss_kib(&self.pids)
     }
 
-    fn counter(&self, name: &str) -> Result<u64> {
+    pub(super) fn counter(&self, name: &str) -> Result<u64> {
         Ok(sum(&latest(&self.counters)?, name))
     }
 
@@ -203,7 +203,7 @@ impl Bench {
         Ok(())
     }
 
-    fn stop(self) {
+    pub(super) fn stop(self) {
         for mut loadgen in self.loadgens {
             loadgen.stop();
         }
@@ -363,6 +363,29 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
     )
 }
 
+/// The TCP connections established to the listener at `addr` (`host:port`): its sessions,
+/// and the few peer and operator connections of the moment.
+fn established(addr: &str) -> Result<u64> {
+    let port = addr.rsplit(':').next().unwrap_or_default();
+    let out = Command::new("ss")
+        .args([
+            "-Htn",
+            "state",
+            "established",
+            &format!("( sport = :{port} )"),
+        ])
+        .output()
+        .context("cannot run ss")?;
+    if !out.status.success() {
+        bail!("ss failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count() as u64)
+}
+
 /// `bench fleet --rolling-restart`: every coordinator of the fleet restarted in turn (SIGTERM,
 /// started again on its address) while a run to every node is dispatched through the others;
 /// per restart, how long until every node holds a session again and how many runs ended
@@ -406,10 +429,31 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
                 bail!("the nodes were not all back in session within 10 minutes of restart {i}");
             }
         };
+        // Then the nodes it held come home (each dials home every 15 to 45 s), so the next restart
+        // begins from a balanced fleet, as an operator's would: each coordinator holds its share
+        // of the sessions again.
+        let share = all / k as u64;
+        let balanced = loop {
+            for (slot, &pid) in bench.pids.iter().enumerate() {
+                peak[slot] = peak[slot].max(proc_status_kib(pid, "VmRSS").unwrap_or(0));
+            }
+            let held = (bench.coords.iter())
+                .map(|c| established(&c.addr))
+                .collect::<Result<Vec<u64>>>()?;
+            if held.iter().all(|&h| h >= share * 97 / 100) {
+                break started.elapsed().as_secs_f64();
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!(
+                    "the sessions were not balanced again within 10 minutes of restart {i}: {held:?}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
         let ended = bench.counter("finished")? - finished0;
         slowest = slowest.max(back);
         rows.push(format!(
-            "| coord-{i} restarted (SIGTERM, started again) | {back:.1} s | {ended} |"
+            "| coord-{i} restarted (SIGTERM, started again) | {back:.1} s | {balanced:.1} s | {ended} |"
         ));
     }
     let runs = all * k as u64;
@@ -458,9 +502,11 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
          {k} `fleet-coordinator serve` (static `{TARGET}` release, one PostgreSQL 15, heartbeat \
          {hb} s, lease {lease} s, metrics off) and {nodes} simulated nodes from `fleet-loadgen` \
          (one process per coordinator). Before each restart, a run to every node through the next \
-         coordinator; then the coordinator is sent SIGTERM and started again on its address. One \
-         run, on one machine of 2 cores shared by every process.\n\n\
-         | restart | every node in session again | runs ended meanwhile |\n|---|---|---|\n{}\n\n\
+         coordinator; then the coordinator is sent SIGTERM and started again on its address, and \
+         the next restart waits until the nodes it held are back home (each coordinator holding \
+         97% of its share of the sessions, counted with `ss`). One run, on one machine of 2 cores \
+         shared by every process.\n\n\
+         | restart | every node in session again | each coordinator holding its share again | runs ended meanwhile |\n|---|---|---|---|\n{}\n\n\
          | figure | value | target (issue 21) |\n|---|---|---|\n\
          | every node back after each restart | {slowest:.1} s at most | within two leases ({two} s) |\n\
          | runs: rows final / finished / started by the nodes | {runs} / {runs} / {starts} | none lost or doubled |\n\

@@ -7,6 +7,7 @@ mod fleet;
 mod flood;
 mod postgres;
 pub(crate) mod registry;
+mod rollout;
 mod supervisor;
 
 use anyhow::Result;
@@ -50,6 +51,12 @@ pub enum Which {
     },
     /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
     Content,
+    /// A release rolled out to N simulated nodes through the real protocol (each fetches the
+    /// binaries and reports the swap without exec'ing): time to all on it, CPU, memory, bytes
+    Rollout {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+    },
     /// Joins with wrong tokens from many source addresses against a coordinator holding
     /// sessions: its CPU, the sessions' heartbeat gaps, a good token's join meanwhile
     Flood {
@@ -92,6 +99,7 @@ pub fn run(which: Which) -> Result<()> {
             _ => fleet::run(nodes, coordinators, store, !no_metrics),
         },
         Which::Content => content::run(),
+        Which::Rollout { nodes } => rollout::run(nodes),
         Which::Flood {
             rate,
             sources,

@@ -19,7 +19,7 @@ pub(crate) use credentials::Credentials;
 pub(crate) use fleet::FleetView;
 pub(crate) use joins::{Admission, JoinLimits};
 pub(crate) use pulls::Pulls;
-pub(crate) use sessions::{NodeCall, SessionHandle, Sessions};
+pub(crate) use sessions::{NodeCall, SessionHandle, Sessions, Wake};
 pub use tickets::TicketRefusal;
 pub(crate) use tickets::Tickets;
 pub(crate) use traffic::Traffic;

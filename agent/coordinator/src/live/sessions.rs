@@ -5,7 +5,29 @@ use fleet_proto::NodeId;
 use fleet_proto::protocol::{Answer, Command, NodeEnd};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
+
+/// How a session is woken to look at its node's waiting runs, and told whether the node's
+/// capacity changed since: a session whose node has no room skips a plain wake-up.
+#[derive(Default)]
+pub(crate) struct Wake {
+    notify: Notify,
+    capacity_changed: AtomicBool,
+}
+
+impl Wake {
+    /// Resolves at the next wake-up (or at once, for one given meanwhile), with whether the
+    /// node's capacity changed since the last.
+    pub(crate) async fn woken(&self) -> bool {
+        self.notify.notified().await;
+        self.capacity_changed.swap(false, Ordering::SeqCst)
+    }
+
+    fn wake(&self) {
+        self.notify.notify_one();
+    }
+}
 
 /// A request to a node through its live session, answered with the command's result.
 /// Boxed: the session's channel allocates its slots in blocks, which an idle session keeps.
@@ -19,7 +41,7 @@ pub(crate) struct SessionHandle {
     /// Commands for the node, answered through the session.
     calls: mpsc::Sender<NodeCall>,
     /// Woken when runs may wait for the node: the session then reads its own waiting runs.
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
     /// Set when the operator ends the node: the session tells it and ends.
     end: watch::Sender<Option<NodeEnd>>,
 }
@@ -30,7 +52,7 @@ impl SessionHandle {
         generation: u64,
         key: &[u8],
         calls: mpsc::Sender<NodeCall>,
-        wake: Arc<Notify>,
+        wake: Arc<Wake>,
     ) -> (Self, watch::Receiver<Option<NodeEnd>>) {
         let (end, ending) = watch::channel(None);
         let handle = SessionHandle {
@@ -85,8 +107,17 @@ impl Sessions {
         let by_node = self.by_node.lock();
         for node in nodes {
             if let Some(session) = by_node.get(node) {
-                session.wake.notify_one();
+                session.wake.wake();
             }
+        }
+    }
+
+    /// Tells the node's session held here, if any, that the operator changed its capacity: it
+    /// looks at its runs again even if it had no room.
+    pub(crate) fn capacity_changed(&self, node_id: &NodeId) {
+        if let Some(session) = self.by_node.lock().get(node_id) {
+            session.wake.capacity_changed.store(true, Ordering::SeqCst);
+            session.wake.wake();
         }
     }
 
@@ -132,9 +163,9 @@ impl Sessions {
 mod tests {
     use super::*;
 
-    fn handle(generation: u64) -> (SessionHandle, mpsc::Receiver<NodeCall>, Arc<Notify>) {
+    fn handle(generation: u64) -> (SessionHandle, mpsc::Receiver<NodeCall>, Arc<Wake>) {
         let (calls, inbox) = mpsc::channel(1);
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wake::default());
         let (handle, _) = SessionHandle::new(generation, b"key", calls, wake.clone());
         (handle, inbox, wake)
     }
@@ -161,9 +192,12 @@ mod tests {
         let (n1, n2) = (NodeId::new("n-1"), NodeId::new("n-2"));
         let _held = sessions.register(&n1, one);
         sessions.wake([&n2, &n1]);
-        tokio::time::timeout(std::time::Duration::from_secs(5), woken.notified())
-            .await
-            .expect("n-1 is woken");
+        let within = std::time::Duration::from_secs(5);
+        let changed = tokio::time::timeout(within, woken.woken()).await;
+        assert_eq!(changed, Ok(false), "n-1 is woken, its capacity unchanged");
+        sessions.capacity_changed(&n1);
+        let changed = tokio::time::timeout(within, woken.woken()).await;
+        assert_eq!(changed, Ok(true), "n-1 is told its capacity changed");
         assert!(sessions.calls(&n1).is_some());
         assert!(sessions.calls(&n2).is_none());
         assert!(sessions.holds_with_key(&n1, b"key"));

@@ -5,7 +5,9 @@ use super::ServeConfig;
 use crate::metrics::FleetCounts;
 use crate::store::Beat;
 use crate::{Coordinator, CoordinatorError};
+use fleet_proto::NodeId;
 use fleet_proto::clock::now_ms;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -38,8 +40,9 @@ pub(super) fn start(coordinator: &Arc<Coordinator>, config: &Arc<ServeConfig>) -
             BEAT_WRITES.min(config.heartbeat),
         )),
         tokio::spawn(wake_waiting_forever(coordinator.clone(), config.heartbeat)),
-        tokio::spawn(cut_ended_forever(coordinator.clone())),
+        tokio::spawn(follow_node_changes_forever(coordinator.clone())),
         tokio::spawn(keep_copies_forever(coordinator.clone(), config.lease)),
+        tokio::spawn(drive_rollout_forever(coordinator.clone())),
     ];
     let listening = Arc::new(AtomicBool::new(true));
     listen_for_waiting(coordinator.clone(), listening.clone());
@@ -55,20 +58,25 @@ async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
         if beats.is_empty() {
             continue;
         }
-        // Apart from the group commit's queue: a backlog of runs' changes never delays a lease.
+        // Apart from the group commit's queue and the store calls' turns: a backlog of runs'
+        // changes or of sessions' reads never delays a lease.
         let kept = beats.clone();
         let recorder = coordinator.recorder().clone();
         let written = coordinator
-            .with_store(move |store| {
+            .with_store_unqueued(move |store| {
                 let started = std::time::Instant::now();
                 let written = store.write_leases(&beats);
                 recorder.leases_written(store.kind(), started.elapsed());
                 written
             })
             .await;
-        if let Err(e) = written {
-            tracing::warn!("writing heartbeats failed (tried again with the next ones): {e}");
-            coordinator.beats().restore(kept);
+        match written {
+            // Nodes whose record a commit held at that moment: written with the next ones.
+            Ok(left) => coordinator.beats().restore(left),
+            Err(e) => {
+                tracing::warn!("writing heartbeats failed (tried again with the next ones): {e}");
+                coordinator.beats().restore(kept);
+            }
         }
     }
 }
@@ -111,33 +119,49 @@ async fn wake_waiting_forever(coordinator: Arc<Coordinator>, period: Duration) {
     }
 }
 
-/// How often a coordinator looks whether the operator ended a node through another coordinator:
-/// a revoked node's session is cut within a second wherever it is held.
-const ENDED_LOOK: Duration = Duration::from_millis(400);
+/// How often a coordinator looks whether the operator ended a node or set its capacity through
+/// any coordinator: a revoked node's session is cut within a second wherever it is held.
+const NODE_CHANGES_LOOK: Duration = Duration::from_millis(400);
 
-/// Cuts the sessions held here of nodes the operator ended through any coordinator of the fleet:
-/// one read of a counter each look, and the nodes read only when it changed.
-async fn cut_ended_forever(coordinator: Arc<Coordinator>) {
-    let mut tick = tokio::time::interval(ENDED_LOOK);
+/// The node changes seen at the last look: the store's count, and each node's capacity.
+type SeenChanges = (u64, HashMap<NodeId, Option<u32>>);
+
+/// Cuts the sessions held here of nodes the operator ended, and has those whose capacity changed
+/// look at their runs again, whichever coordinator of the fleet the operator went through: one
+/// read of a counter each look, and the nodes read only when it changed.
+async fn follow_node_changes_forever(coordinator: Arc<Coordinator>) {
+    let mut tick = tokio::time::interval(NODE_CHANGES_LOOK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seen = None;
+    let mut seen: Option<SeenChanges> = None;
     loop {
         tick.tick().await;
-        let (looker, before) = (coordinator.clone(), seen);
+        let (looker, before) = (coordinator.clone(), seen.take());
         let looked = tokio::task::spawn_blocking(move || {
-            let ends = looker.store().node_ends()?;
-            if before != Some(ends) {
-                for node in looker.store().nodes()? {
-                    if let Some(ending) = node.ended {
-                        looker.sessions().end(&node.id, ending.end);
-                    }
+            let changes = looker.store().node_changes()?;
+            let before = match before {
+                Some((count, capacities)) if count == changes => return Ok((count, capacities)),
+                before => before.map(|(_, capacities)| capacities),
+            };
+            let mut capacities = HashMap::new();
+            for node in looker.store().nodes()? {
+                if let Some(ending) = node.ended {
+                    looker.sessions().end(&node.id, ending.end);
+                    continue;
                 }
+                let capacity = node.capacity();
+                if before
+                    .as_ref()
+                    .is_some_and(|b| b.get(&node.id) != Some(&capacity))
+                {
+                    looker.sessions().capacity_changed(&node.id);
+                }
+                capacities.insert(node.id, capacity);
             }
-            Ok::<_, CoordinatorError>(ends)
+            Ok::<_, CoordinatorError>((changes, capacities))
         })
         .await;
         match looked {
-            Ok(Ok(ends)) => seen = Some(ends),
+            Ok(Ok(looked)) => seen = Some(looked),
             Ok(Err(e)) => tracing::warn!("looking for nodes ended elsewhere failed: {e}"),
             Err(e) => tracing::warn!("looking for nodes ended elsewhere did not complete: {e}"),
         }
@@ -229,6 +253,7 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
                 config.waiting_timeout.as_millis() as u64,
                 up_since,
                 config.lease.as_millis() as u64,
+                now,
             )
         })
         .await;
@@ -236,6 +261,30 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!("the run sweep failed: {e}"),
             Err(e) => tracing::warn!("the run sweep did not complete: {e}"),
+        }
+    }
+}
+
+/// The rollout controller: a step a second while a rollout runs (or is done and machines that
+/// came later still need the release).
+async fn drive_rollout_forever(coordinator: Arc<Coordinator>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let stepping = coordinator.clone();
+        let stepped = tokio::task::spawn_blocking(move || stepping.step_rollout()).await;
+        let sent = match stepped {
+            Ok(Ok(Some((release, nodes)))) if !nodes.is_empty() => {
+                coordinator.send_rollout(release, nodes).await
+            }
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(CoordinatorError::Request(format!(
+                "a rollout step did not complete: {e}"
+            ))),
+        };
+        if let Err(e) = sent {
+            tracing::warn!("the rollout step failed (tried again in a second): {e}");
         }
     }
 }

@@ -11,7 +11,8 @@ use crate::{Coordinator, node_id, token_hash};
 use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::Secret;
 use fleet_proto::pin::{self, CertInfo};
-use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, NodeEnd, Up};
+use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, NodeEnd, Opening, Up};
+use fleet_proto::version::{Incompatible, Versions};
 use fleet_proto::{Digest, NodeId, UploadId};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -44,6 +45,19 @@ pub(super) async fn handle_tls(
     let peer = cert.key == coordinator.key().public_key_raw();
     // What a source that failed joins paid at accept comes back unless this is a failed join.
     let joins = coordinator.joins();
+    let Opening { first, speaks } = first;
+    let Some(protocol) = Versions::SPOKEN.common(speaks) else {
+        joins.not_failed(source.ip(), admitted);
+        return Box::pin(refuse_unspoken(
+            coordinator,
+            stream,
+            &cert,
+            peer,
+            first,
+            speaks,
+        ))
+        .await;
+    };
     if !matches!(first, Up::Join { .. }) {
         joins.not_failed(source.ip(), admitted);
     }
@@ -60,7 +74,16 @@ pub(super) async fn handle_tls(
             joined
         }
         Up::Hello { node_id } => {
-            link::session(coordinator, config, stream, cert, node_id, stopping).await
+            link::session(
+                coordinator,
+                config,
+                stream,
+                cert,
+                node_id,
+                protocol,
+                stopping,
+            )
+            .await
         }
         Up::Relay { node_id, command } if peer => {
             Box::pin(relay(coordinator, stream, &node_id, command)).await
@@ -134,7 +157,58 @@ async fn join(
     } else {
         tracing::info!(node_id = %node.id, "answered a join again for the same key (its answer was lost)");
     }
-    Ok(protocol::write_msg(&mut stream, &Down::Joined { node_id: node.id }).await?)
+    let joined = Down::Joined {
+        node_id: node.id,
+        speaks: Versions::SPOKEN,
+    };
+    Ok(protocol::write_msg(&mut stream, &joined).await?)
+}
+
+/// A first message from a peer that shares no protocol version with this coordinator: it is
+/// told so in a message it reads, and a node's record says so for `nodes`.
+async fn refuse_unspoken(
+    coordinator: &Coordinator,
+    mut stream: Tls,
+    cert: &CertInfo,
+    peer: bool,
+    first: Up,
+    speaks: Versions,
+) -> Result<(), Dropped> {
+    let versions = Incompatible {
+        agent: speaks,
+        coordinator: Versions::SPOKEN,
+    };
+    let line = match peer {
+        true => format!(
+            "the asking coordinator speaks protocol {speaks} and this one {}: finish the upgrade of the fleet's coordinators",
+            Versions::SPOKEN
+        ),
+        false => versions.to_string(),
+    };
+    let session = matches!(first, Up::Join { .. } | Up::Hello { .. });
+    let told = match (session, speaks == Versions::UNSTATED) {
+        (true, false) => Down::Incompatible { versions },
+        // A peer of the release that stated no versions knows neither that answer nor its fields.
+        (true, true) => Down::Unavailable {
+            message: line.clone(),
+        },
+        (false, _) => Down::ContentRefused {
+            message: line.clone(),
+        },
+    };
+    if let Up::Hello { node_id } = &first
+        && live_node(coordinator, cert, node_id).await.is_ok()
+    {
+        let id = node_id.clone();
+        let recorded = coordinator
+            .with_store(move |store| store.refuse_protocol(&id, versions))
+            .await;
+        if let Err(e) = recorded {
+            tracing::warn!(%node_id, "recording a refused protocol failed: {e}");
+        }
+    }
+    protocol::write_msg(&mut stream, &told).await?;
+    Err(Dropped::Protocol(line))
 }
 
 /// A test build's hook: a join with the token in `FLEET_TEST_PANIC_ON_TOKEN` panics in its task,
@@ -206,7 +280,7 @@ async fn receive(
 struct Opened {
     stream: Tls,
     cert: CertInfo,
-    first: Up,
+    first: Opening,
 }
 
 /// The TLS handshake, then the first message, each within [`FIRST_MESSAGE_TIMEOUT`].
@@ -218,7 +292,7 @@ async fn open(tls: tokio_rustls::TlsAcceptor, stream: TcpStream) -> Result<Opene
     let cert = peer_cert(&stream).ok_or(Dropped::NoClientCertificate)?;
     let first = tokio::time::timeout(
         FIRST_MESSAGE_TIMEOUT,
-        protocol::read_msg_within::<_, Up>(&mut stream, MAX_UNIDENTIFIED_FRAME),
+        protocol::read_msg_within::<_, Opening>(&mut stream, MAX_UNIDENTIFIED_FRAME),
     )
     .await
     .map_err(|_| Dropped::NoRequest)??

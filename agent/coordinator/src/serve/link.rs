@@ -7,19 +7,20 @@ use super::ServeConfig;
 use super::first::{ended, known_node};
 use crate::Coordinator;
 use crate::error::Dropped;
-use crate::live::{FetchSlot, NodeCall, SessionHandle, beat_now};
+use crate::live::{FetchSlot, NodeCall, SessionHandle, Wake, beat_now};
 use crate::store::{Applied, Beat, Change, NodeEvent, StoreError};
 use fleet_proto::clock::now_ms;
 use fleet_proto::pin::{CLOCK_SKEW, CertInfo};
 use fleet_proto::protocol::{self, Answer, Command, Down, NodeEnd, StartRun, Up};
 use fleet_proto::run::Workload;
+use fleet_proto::version::{ProtocolVersion, Versions};
 use fleet_proto::{NodeId, OpId, RunId};
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_rustls::server::TlsStream;
 
 /// Turns true when the coordinator stops serving: every session then ends, and its node
@@ -56,6 +57,7 @@ pub(super) async fn session(
     mut stream: TlsStream<TcpStream>,
     cert: CertInfo,
     node_id: NodeId,
+    protocol: ProtocolVersion,
     stopping: Stopping,
 ) -> Result<(), Dropped> {
     let node = match known_node(coordinator, &cert, &node_id).await {
@@ -89,6 +91,7 @@ pub(super) async fn session(
             node_id: node_id.clone(),
             lease_until_ms: now_ms() + lease_ms,
             at: coordinator.fleet().address().map(str::to_string),
+            protocol,
         })
         .await
     {
@@ -107,12 +110,13 @@ pub(super) async fn session(
         heartbeat_ms: config.heartbeat.as_millis() as u64,
         lease_ms,
         coordinators: members.borrow_and_update().clone(),
+        speaks: Versions::SPOKEN,
     };
     protocol::write_msg(&mut stream, &welcome).await?;
-    tracing::info!(%node_id, generation, at = ?coordinator.fleet().address(), "session open");
+    tracing::info!(%node_id, generation, at = ?coordinator.fleet().address(), %protocol, "session open");
     let lapses = tokio::time::Instant::now() + Duration::from_secs(length as u64);
     let (calls_tx, calls) = mpsc::channel(16);
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(Wake::default());
     let (handle, ending) = SessionHandle::new(generation, &cert.key, calls_tx, wake.clone());
     // Given up when the session ends, unless a newer session of the node took its place.
     let _registered = coordinator.sessions().register(&node_id, handle);
@@ -128,6 +132,7 @@ pub(super) async fn session(
         next_op: 0,
         members,
         slot: SlotWait::No,
+        full_since: None,
     };
     // Boxed: a session's task would otherwise hold room for the welcome's futures beside the
     // serving loop's for as long as it lives (weeks), in every one of thousands of sessions.
@@ -165,6 +170,9 @@ struct Link<'a, W> {
     members: watch::Receiver<Vec<String>>,
     /// Whether a run waits for a place in the fetch window, or holds the one that freed.
     slot: SlotWait,
+    /// Since when the node has had no room for the runs that wait for it, as last read: a
+    /// wake-up then changes nothing until a run ends or the capacity changes.
+    full_since: Option<tokio::time::Instant>,
 }
 
 /// A session's turn in the fetch window.
@@ -187,7 +195,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         &mut self,
         reader: R,
         mut calls: mpsc::Receiver<NodeCall>,
-        wake: &Notify,
+        wake: &Wake,
         mut ending: watch::Receiver<Option<NodeEnd>>,
         lapses: tokio::time::Instant,
         mut stopping: Stopping,
@@ -248,7 +256,16 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                         tracing::info!(%node_id, generation = self.generation, "session closed: the coordinator stops serving");
                         return Ok(());
                     }
-                    _ = wake.notified() => self.dispatch().await?,
+                    capacity_changed = wake.woken() => {
+                        if capacity_changed {
+                            self.full_since = None;
+                        }
+                        // Looked at again once a lease all the same: an end this session did not
+                        // see (the operator's, through another coordinator) frees a slot too.
+                        if self.full_since.is_none_or(|since| since.elapsed() >= lease) {
+                            self.dispatch().await?;
+                        }
+                    }
                     Ok(()) = self.members.changed() => {
                         let coordinators = self.members.borrow_and_update().clone();
                         protocol::write_msg(&mut self.writer, &Down::Coordinators { coordinators }).await?;
@@ -332,6 +349,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
             Some(capacity) => u64::from(capacity).saturating_sub(taken + sent),
             None => u64::MAX,
         };
+        self.full_since = None;
         for run in waiting {
             // Stable op ids: a start redelivered in a later session is answered from the node's record.
             let op = start_op(&run.id);
@@ -339,6 +357,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 continue;
             }
             if room == 0 {
+                self.full_since = Some(tokio::time::Instant::now());
                 break;
             }
             // The node fetches the content from this coordinator: without a reachable holder
@@ -473,7 +492,11 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 Up::Event { event } => events.push(NodeEvent::Known(event)),
                 // Noted by the reader already; here it only proves the session alive.
                 Up::Heartbeat => {}
-                Up::Facts { facts } => self.heartbeat(facts).await?,
+                Up::Facts { facts } => {
+                    // The capacity the agent declares may have changed.
+                    self.full_since = None;
+                    self.heartbeat(facts).await?;
+                }
                 Up::Result { op, answer } => self.answered(&op, answer, &mut accepted),
                 _ => {
                     return Err(Dropped::Protocol(format!(
@@ -514,7 +537,12 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     /// Records new facts, with the heartbeat they are.
     async fn heartbeat(&self, facts: fleet_proto::facts::Facts) -> Result<(), Dropped> {
         let beat = self.beat();
-        self.commit(Change::Facts { beat, facts }).await.map(drop)
+        self.commit(Change::Facts {
+            beat,
+            facts: Box::new(facts),
+        })
+        .await
+        .map(drop)
     }
 
     async fn commit(&self, change: Change) -> Result<Applied, Dropped> {

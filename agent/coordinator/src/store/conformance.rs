@@ -100,6 +100,10 @@ pub const RULES: &[(&str, Rule)] = &[
     ),
     ("the_first_key_is_the_fleets", the_first_key_is_the_fleets),
     (
+        "releases_only_go_up_and_their_binaries_are_kept",
+        releases_only_go_up_and_their_binaries_are_kept,
+    ),
+    (
         "runs_queued_for_a_match_go_to_distinct_matching_nodes",
         runs_queued_for_a_match_go_to_distinct_matching_nodes,
     ),
@@ -411,6 +415,7 @@ pub fn sessions_and_heartbeats(blank: Blank) {
         accelerators: Vec::new(),
         max_runs: Some(2),
         measured_link: None,
+        release: None,
     };
     store
         .heartbeat(&nid(NODE_A), 2_600, 4_100, Some(facts.clone()))
@@ -730,10 +735,21 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
         refused(store.create_set("s2", &[run("r3", "s2", NODE_A, b"p", 3)])),
         "an existing set"
     );
-    assert!(
-        refused(store.create_set("s3", &[run("r1", "s3", NODE_A, b"p", 3)])),
-        "an existing run"
-    );
+    // A run there before (r1), or named twice in the set (r5), after a new one.
+    for (first, second, named) in [("r4", "r1", "r1"), ("r5", "r5", "r5")] {
+        let set = [
+            run(first, "s3", NODE_A, b"p", 3),
+            run(second, "s3", NODE_A, b"p", 4),
+        ];
+        match store.create_set("s3", &set) {
+            Err(StoreError::Refused(why)) => {
+                assert_eq!(why, format!("the run {named} exists already"))
+            }
+            other => panic!("a run there already must be refused, not {other:?}"),
+        }
+    }
+    assert!(store.run(&rid("r4")).unwrap().is_none(), "nothing recorded");
+    assert!(store.run(&rid("r5")).unwrap().is_none(), "nothing recorded");
     let s1: Vec<RunId> = store
         .set_runs("s1")
         .unwrap()
@@ -867,6 +883,62 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     expected.sort();
     assert_eq!(referenced, expected);
     assert!(referenced.contains(&p1));
+}
+
+fn release(sequence: u64, binary: &[u8]) -> super::ReleaseRecord {
+    let manifest = fleet_proto::release::ReleaseManifest {
+        version: format!("0.{sequence}.0"),
+        sequence,
+        min_sequence: 0,
+        expires_at_ms: u64::MAX,
+        binaries: vec![fleet_proto::release::ReleaseBinary {
+            target: "x86_64-unknown-linux-musl".into(),
+            name: "fleet-agent".into(),
+            sha256: digest(binary),
+            size: binary.len() as u64,
+        }],
+    };
+    super::ReleaseRecord {
+        manifest: format!("manifest-{sequence}"),
+        signature: fleet_proto::release::ReleaseSignature {
+            certified: fleet_proto::release::CertifiedKey {
+                certificate: "c".into(),
+                certificate_signature: "s".into(),
+            },
+            signature: "s".into(),
+        },
+        manifest_read: manifest,
+        added_at_ms: sequence,
+    }
+}
+
+/// Roots are trusted once each; a release's sequence is above every one's before it (the same
+/// release again changes nothing), and the binaries of every release taken in are kept.
+pub fn releases_only_go_up_and_their_binaries_are_kept(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    let root =
+        fleet_proto::pin::PinnedKey::parse(&format!("ed25519:{}", "A".repeat(43) + "=")).unwrap();
+    assert!(store.release_roots().unwrap().is_empty());
+    let once = std::slice::from_ref(&root);
+    assert_eq!(store.trust_release_root(&root).unwrap(), once);
+    assert_eq!(store.trust_release_root(&root).unwrap(), once);
+    assert_eq!(store.release_roots().unwrap(), [root]);
+    let (five, seven) = (release(5, b"agent 5"), release(7, b"agent 7"));
+    assert_eq!(store.add_release(&five).unwrap(), super::ReleaseAdded::New);
+    assert_eq!(store.add_release(&seven).unwrap(), super::ReleaseAdded::New);
+    assert_eq!(
+        store.add_release(&seven).unwrap(),
+        super::ReleaseAdded::Already(seven.clone())
+    );
+    let refused = store.add_release(&release(6, b"agent 6")).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "the coordinator store refused a change: the release's sequence 6 is not above 7, the sequence of release 0.7.0 taken in before: sign it with a higher --sequence"
+    );
+    assert_eq!(store.releases().unwrap(), [five, seven]);
+    let kept = store.referenced_content().unwrap();
+    assert!(kept.contains(&digest(b"agent 5")) && kept.contains(&digest(b"agent 7")));
+    assert!(!kept.contains(&digest(b"agent 6")));
 }
 
 /// The first coordinator's key becomes the fleet's; a later one learns it and changes nothing.
@@ -1040,6 +1112,7 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
             node_id: NODE_A.into(),
             lease_until_ms: 5_000,
             at: Some("coordinator-2:18426".into()),
+            protocol: fleet_proto::version::ProtocolVersion(1),
         },
         Change::Accept(vec![(rid("r1"), None), (rid("r2"), None)]),
         Change::Events {
@@ -1078,6 +1151,13 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
         a.session_at.as_deref(),
         Some("coordinator-2:18426"),
         "the coordinator holding the session"
+    );
+    assert_eq!(
+        a.protocol,
+        Some(super::NodeProtocol::Speaks {
+            version: fleet_proto::version::ProtocolVersion(1)
+        }),
+        "the version its session speaks"
     );
     let b = store.node(&nid(NODE_B)).unwrap().unwrap();
     assert_eq!(
@@ -1145,13 +1225,14 @@ pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
         "a drain keeps its first time"
     );
     store.open_session(&nid(NODE_A), 10_000).unwrap();
-    store
+    let left = store
         .write_leases(&[Beat {
             node_id: nid(NODE_A),
             at_ms: 20,
             lease_until_ms: 20_000,
         }])
         .unwrap();
+    assert!(left.is_empty(), "no record was held: {left:?}");
     let node = store.node(&nid(NODE_A)).unwrap().unwrap();
     assert_eq!(
         node.drained_since_ms,
@@ -1181,7 +1262,7 @@ pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
     assert_eq!(store.runs_out().unwrap().get(&nid(NODE_A)), Some(&2));
 }
 
-/// The operator's capacity is kept and read back; the dispatch view lists a node's waiting runs
+/// The operator's capacity is kept, read back and counted as a node change; the dispatch view lists a node's waiting runs
 /// as created (a set's in its own order, whatever their ids) and counts the runs it holds.
 pub fn a_capacity_is_kept_and_runs_go_out_in_order(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
@@ -1192,8 +1273,18 @@ pub fn a_capacity_is_kept_and_runs_go_out_in_order(blank: Blank) {
             .unwrap()
             .is_none()
     );
+    assert_eq!(
+        store.node_changes().unwrap(),
+        0,
+        "an unknown node counts nothing"
+    );
     let set = store.set_capacity(&nid(NODE_A), Some(2)).unwrap().unwrap();
     assert_eq!((set.capacity, set.capacity()), (Some(2), Some(2)));
+    assert_eq!(
+        store.node_changes().unwrap(),
+        1,
+        "the other coordinators see the capacity change"
+    );
     let mut runs = Vec::new();
     for (i, id) in ["r-z", "r-a", "r-m"].into_iter().enumerate() {
         let mut r = run(id, "s1", NODE_A, b"p", 7);
@@ -1248,7 +1339,7 @@ pub fn ending_a_node_loses_its_runs_and_forget_removes_it(blank: Blank) {
     store
         .apply_events(&nid(NODE_A), &[event(1, "r1", RunState::Finished)])
         .unwrap();
-    assert_eq!(store.node_ends().unwrap(), 0);
+    assert_eq!(store.node_changes().unwrap(), 0);
     assert!(matches!(
         store.end_node(&nid("n-unknown"), NodeEnd::Revoked, false, 5),
         Ok(EndOutcome::Unknown)
@@ -1256,7 +1347,7 @@ pub fn ending_a_node_loses_its_runs_and_forget_removes_it(blank: Blank) {
     let held = store.end_node(&nid(NODE_A), NodeEnd::Retired, false, 5);
     assert!(matches!(held, Ok(EndOutcome::HoldsRuns(1))), "{held:?}");
     assert!(store.node(&nid(NODE_A)).unwrap().unwrap().ended.is_none());
-    assert_eq!(store.node_ends().unwrap(), 0, "a refusal counts nothing");
+    assert_eq!(store.node_changes().unwrap(), 0, "a refusal counts nothing");
     let Ok(EndOutcome::Ended { node, lost }) =
         store.end_node(&nid(NODE_A), NodeEnd::Retired, true, 6)
     else {
@@ -1279,7 +1370,7 @@ pub fn ending_a_node_loses_its_runs_and_forget_removes_it(blank: Blank) {
         RunState::Finished,
         "a final run stays as it was"
     );
-    assert_eq!(store.node_ends().unwrap(), 1);
+    assert_eq!(store.node_changes().unwrap(), 1);
     assert!(
         matches!(
             store.end_node(&nid(NODE_A), NodeEnd::Retired, false, 7),
@@ -1291,7 +1382,7 @@ pub fn ending_a_node_loses_its_runs_and_forget_removes_it(blank: Blank) {
         store.end_node(&nid(NODE_A), NodeEnd::Revoked, false, 7),
         Ok(EndOutcome::AlreadyEnded(NodeEnd::Retired))
     ));
-    assert_eq!(store.node_ends().unwrap(), 1);
+    assert_eq!(store.node_changes().unwrap(), 1);
     let refused = store.create_set("s2", &[run("r4", "s2", NODE_A, b"p", 4)]);
     assert!(
         matches!(&refused, Err(StoreError::Refused(why)) if why.contains("n-a is retired")),
@@ -1307,7 +1398,7 @@ pub fn ending_a_node_loses_its_runs_and_forget_removes_it(blank: Blank) {
         store.run(&rid("r3")).unwrap().unwrap().error.as_deref(),
         Some("revoked")
     );
-    assert_eq!(store.node_ends().unwrap(), 2);
+    assert_eq!(store.node_changes().unwrap(), 2);
     join_live(&store, NODE_C, KEY_C);
     assert!(matches!(
         store.forget_node(&nid(NODE_C), 9),

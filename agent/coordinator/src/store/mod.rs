@@ -18,6 +18,7 @@
 use fleet_proto::facts::Facts;
 use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
+use fleet_proto::version::{Incompatible, ProtocolVersion};
 use fleet_proto::{NodeId, RunId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ mod rules;
 pub use self::postgres::PostgresBackend;
 pub use redb::RedbBackend;
 
-pub use rules::{Applied, Change, EndOutcome, ForgetOutcome, RunMoved};
+pub use rules::{Applied, Change, EndOutcome, ForgetOutcome, ReleaseAdded, RunMoved};
 
 /// The newest this many final runs of each node are kept by default, as a machine keeps its run
 /// folders.
@@ -43,8 +44,10 @@ pub const KEEP_FINAL_RUNS: u64 = 1000;
 /// was created with. An older store is upgraded at open; a newer one is refused.
 ///
 /// 1: one retention order for the whole fleet; 2: retention per node, a waiting index per node,
-/// and the lease apart from the node's record (a heartbeat writes only it).
-pub const SCHEMA_VERSION: u64 = 3;
+/// and the lease apart from the node's record (a heartbeat writes only it); 3: the fleet's public
+/// key; 4: on PostgreSQL, the lease in a table of its own (a heartbeat never updates the row a
+/// transaction on the record writes).
+pub const SCHEMA_VERSION: u64 = 4;
 
 /// A heartbeat as written: when it came, and until when it holds the node's lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +112,28 @@ pub struct NodeRecord {
     /// When its last run not final ended (what a pool loop reads to choose whom to drain).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since_ms: Option<u64>,
+    /// The protocol version of its newest session, or why its last hello was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<NodeProtocol>,
+}
+
+/// What the node and the coordinators of the fleet speak, as `nodes` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum NodeProtocol {
+    /// Its newest session speaks this version.
+    Speaks { version: ProtocolVersion },
+    /// Its last hello was refused: the agent and the coordinator share no version.
+    Refused(Incompatible),
+}
+
+impl std::fmt::Display for NodeProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeProtocol::Speaks { version } => write!(f, "{version}"),
+            NodeProtocol::Refused(versions) => write!(f, "refused: {versions}"),
+        }
+    }
 }
 
 /// When and how the operator ended a node.
@@ -357,6 +382,9 @@ pub enum Layout {
 pub trait Backend: Send + Sync {
     /// Which database this is (`redb`, `postgres`), for metrics.
     fn kind(&self) -> &'static str;
+    /// How many calls at once are worth running: more only queue on the database's locks or
+    /// connections, each holding a thread of tokio's blocking pool meanwhile.
+    fn parallel_calls(&self) -> usize;
     /// The store's file or database, for messages.
     fn location(&self) -> String;
     /// What is there: nothing, a coordinator store of some version, or something else.
@@ -368,15 +396,48 @@ pub trait Backend: Send + Sync {
     fn upgrade(&self, from: u64, to: u64) -> StoreResult<()>;
     /// Runs `f` on a consistent snapshot.
     fn read(&self, f: &mut dyn FnMut(&dyn ReadTx) -> StoreResult<()>) -> StoreResult<()>;
+    /// What a session reads to dispatch, on one snapshot: the rows in the node's waiting index,
+    /// how many runs the node holds not final, and its record. Read by every session each time
+    /// a run of its node ends, so a backend may answer it in one round trip.
+    fn dispatch_view(&self, node_id: &NodeId) -> StoreResult<DispatchView> {
+        let mut view = None;
+        self.read(&mut |tx| {
+            let ids = tx.waiting(node_id)?;
+            view = Some(DispatchView {
+                waiting: tx.runs(&ids)?,
+                out: tx.active(Some(node_id))?.len() as u64,
+                node: tx.node(node_id)?,
+            });
+            Ok(())
+        })?;
+        view.ok_or_else(|| StoreError::Db("the backend skipped a read".into()))
+    }
     /// Runs `f` in one transaction: committed when `f` returns Ok, rolled back when it fails. A
     /// backend may run `f` again after a conflict (a serialization failure in PostgreSQL); only
     /// the committed run's writes count.
     fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()>;
+    /// Runs `f`, which places new runs, in one transaction that a backend may run without a
+    /// serializable snapshot: `f` holds the node-change count ([`WriteTx::hold_node_changes`])
+    /// before it reads the nodes, and otherwise only inserts rows and adds to counts. A set of
+    /// 30 000 runs read beside a busy fleet's commits would otherwise never commit in
+    /// PostgreSQL: every session's write would be a conflict for it.
+    fn write_placing(
+        &self,
+        f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
+    ) -> StoreResult<()> {
+        self.write(f)
+    }
     /// Writes heartbeats: only the lease and the time heard of each known node, never earlier
     /// than what is there. Apart from the rules' transactions, so a backend may use a cheaper
-    /// isolation for these blind, monotonic writes.
-    fn write_leases(&self, beats: &[Beat]) -> StoreResult<()> {
-        self.write(&mut |tx| tx.touch_nodes(beats))
+    /// isolation for these blind, monotonic writes. Answers the beats left for the next write
+    /// (see [`WriteTx::touch_nodes`]).
+    fn write_leases(&self, beats: &[Beat]) -> StoreResult<Vec<Beat>> {
+        let mut left = Vec::new();
+        self.write(&mut |tx| {
+            left = tx.touch_nodes(beats)?;
+            Ok(())
+        })?;
+        Ok(left)
     }
     /// Waits up to `timeout` for another coordinator of the same store to say that runs were
     /// put in the waiting index (a committed [`WriteTx::put_waiting`] says so): Ok(true) when one
@@ -427,29 +488,113 @@ pub trait ReadTx {
     fn final_count(&self, node_id: &NodeId) -> StoreResult<u64>;
     /// Every coordinator that serves this store, by advertised address, with when it last said so.
     fn coordinators(&self) -> StoreResult<Vec<(String, u64)>>;
-    /// How many times a node was ended (retired or revoked): a coordinator that sees it change
-    /// reads the nodes and cuts the sessions of the ended ones.
-    fn node_ends(&self) -> StoreResult<u64>;
+    /// How many times the operator ended a node (retired or revoked) or set its capacity: a
+    /// coordinator that sees it change reads the nodes, cuts the sessions of the ended ones and
+    /// has those whose capacity changed look at their runs again. Kept
+    /// under the key `node_ends`, its name before it counted changes too.
+    fn node_changes(&self) -> StoreResult<u64>;
+    /// One entry of the fleet's own table, as its text.
+    fn fleet_entry(&self, entry: FleetEntry) -> StoreResult<Option<String>>;
+}
+
+/// What the fleet's own table holds, one text each, which every coordinator of the fleet reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetEntry {
     /// The public key of the fleet's coordinators (`ed25519:...`), recorded by the first one
     /// that opened the store.
-    fn fleet_key(&self) -> StoreResult<Option<String>>;
+    PublicKey,
+    /// The root keys a release must be certified by (a JSON list of `ed25519:...`).
+    ReleaseRoots,
+    /// The releases taken in (a JSON list of [`ReleaseRecord`]).
+    Releases,
+    /// The fleet's rollout, the one being driven or the last one (`crate::rollout::Rollout`).
+    Rollout,
+}
+
+impl FleetEntry {
+    pub fn key(self) -> &'static str {
+        match self {
+            FleetEntry::PublicKey => "public_key",
+            FleetEntry::ReleaseRoots => "release_roots",
+            FleetEntry::Releases => "releases",
+            FleetEntry::Rollout => "rollout",
+        }
+    }
+}
+
+/// A release the fleet took in (`release add`): its manifest and signature as they were signed,
+/// so a coordinator hands each agent what the agent checks itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRecord {
+    /// The manifest's exact bytes, in base64.
+    pub manifest: String,
+    pub signature: fleet_proto::release::ReleaseSignature,
+    pub manifest_read: fleet_proto::release::ReleaseManifest,
+    pub added_at_ms: u64,
+}
+
+impl ReleaseRecord {
+    /// What a node is sent: the manifest as signed and its signature.
+    pub fn offer(&self) -> fleet_proto::release::ReleaseOffer {
+        fleet_proto::release::ReleaseOffer {
+            manifest: self.manifest.clone(),
+            signature: self.signature.clone(),
+        }
+    }
 }
 
 /// Writes inside a transaction (on top of its reads, which see them).
 pub trait WriteTx: ReadTx {
     fn put_token(&mut self, hash: &str, token: &TokenRecord) -> StoreResult<()>;
     fn remove_token(&mut self, hash: &str) -> StoreResult<()>;
-    /// Writes the whole record, lease included (its `last_event_id` is not written: see
-    /// [`WriteTx::set_last_event_id`]).
+    /// Writes the record the operator and the rules change. Neither its lease (see
+    /// [`WriteTx::put_lease`]) nor its `last_event_id` ([`WriteTx::set_last_event_id`]) is
+    /// written: heartbeats write those apart, so they never meet a transaction on the record.
     fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()>;
-    /// Writes only the heartbeat and lease of each known node (an unknown one is skipped).
-    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()>;
+    /// Writes the node's lease and time heard, never earlier than what is there (a new node's
+    /// lease is made here).
+    fn put_lease(
+        &mut self,
+        node_id: &NodeId,
+        heard_ms: Option<u64>,
+        lease_until_ms: u64,
+    ) -> StoreResult<()>;
+    /// Writes only the heartbeat and lease of each known node (an unknown one is skipped);
+    /// answers the beats of nodes whose record another transaction holds now, not written.
+    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<Vec<Beat>>;
     /// Records the highest event id stored from the node (read back in its record).
     fn set_last_event_id(&mut self, node_id: &NodeId, id: u64) -> StoreResult<()>;
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()>;
+    /// Adds `count` references to the content: in one step where a backend can (a transaction
+    /// without a serializable snapshot then loses no other's change to it).
+    fn add_program_refs(&mut self, digest: &str, count: u64) -> StoreResult<()> {
+        let refs = self.program_refs(digest)?;
+        self.set_program_refs(digest, refs + count)
+    }
     /// Removes the content's reference count.
     fn remove_program(&mut self, digest: &str) -> StoreResult<()>;
+    /// Writes the run; a backend may hold the write until commit (its reads see it at once).
     fn put_run(&mut self, run: &RunRow) -> StoreResult<()>;
+    /// Tells the transaction which runs it is about to read, so a backend may read them in one
+    /// round trip instead of one each.
+    fn read_runs_ahead(&mut self, ids: &[RunId]) -> StoreResult<()> {
+        let _ = ids;
+        Ok(())
+    }
+    /// Records new runs, each in its node's active and waiting indexes; refused, naming it, when
+    /// a run exists already. A backend may write them all in a few statements: a set of 10 000
+    /// runs must not hold a transaction open while busy sessions commit.
+    fn put_new_runs(&mut self, runs: &[RunRow]) -> StoreResult<()> {
+        for run in runs {
+            if self.run(&run.id)?.is_some() {
+                return Err(run_exists(&run.id));
+            }
+            self.put_run(run)?;
+            self.put_active(&run.id, &run.node_id)?;
+            self.put_waiting(&run.id, &run.node_id)?;
+        }
+        Ok(())
+    }
     fn remove_run(&mut self, id: &RunId) -> StoreResult<()>;
     fn put_set(&mut self, id: &str, run_ids: &[RunId]) -> StoreResult<()>;
     fn remove_set(&mut self, id: &str) -> StoreResult<()>;
@@ -465,12 +610,32 @@ pub trait WriteTx: ReadTx {
     fn pop_final(&mut self, node_id: &NodeId) -> StoreResult<Option<RunId>>;
     /// Records that the coordinator at `address` serves this store, at `seen_ms`.
     fn put_coordinator(&mut self, address: &str, seen_ms: u64) -> StoreResult<()>;
-    /// Counts one more node ended (see [`ReadTx::node_ends`]).
-    fn count_node_end(&mut self) -> StoreResult<()>;
-    /// Records the fleet's public key (see [`ReadTx::fleet_key`]).
-    fn set_fleet_key(&mut self, key: &str) -> StoreResult<()>;
+    /// Counts one more node closed to new runs (drained, ended, forgotten) or capacity set (see
+    /// [`ReadTx::node_changes`]).
+    fn count_node_change(&mut self) -> StoreResult<()>;
+    /// Holds the node-change count until commit, without changing it. A transaction that places
+    /// runs without a serializable snapshot ([`Backend::write_placing`]) holds it before it reads
+    /// the nodes: a closing transaction (each counts a change) that committed first is seen, and
+    /// one that began before and commits after is made to start again, and sees the runs.
+    fn hold_node_changes(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Writes one entry of the fleet's own table (see [`ReadTx::fleet_entry`]).
+    fn set_fleet_entry(&mut self, entry: FleetEntry, value: &str) -> StoreResult<()>;
     /// Removes the node's record, lease and event mark; its runs stay as history.
     fn remove_node(&mut self, id: &NodeId) -> StoreResult<()>;
+}
+
+/// Why a new run cannot be recorded.
+pub(crate) fn run_exists(id: &RunId) -> StoreError {
+    StoreError::Refused(format!("the run {id} exists already"))
+}
+
+/// See [`Backend::dispatch_view`]; the waiting rows come in no particular order.
+pub struct DispatchView {
+    pub waiting: Vec<RunRow>,
+    pub out: u64,
+    pub node: Option<NodeRecord>,
 }
 
 /// Everything the coordinator remembers, over one backend; each method is one transaction. The

@@ -7,8 +7,8 @@
 //! (SQLSTATE 40001, 40P01); reads run on one REPEATABLE READ snapshot. Connections are kept in a
 //! small pool. Every call blocks: async code reaches the store through `spawn_blocking`.
 use super::{
-    Backend, Beat, Layout, NodeRecord, ReadTx, RunRow, SCHEMA_VERSION, StoreError, StoreResult,
-    TokenRecord, WriteTx, stored_run_id,
+    Backend, Beat, DispatchView, FleetEntry, Layout, NodeRecord, ReadTx, RunRow, SCHEMA_VERSION,
+    StoreError, StoreResult, TokenRecord, WriteTx, run_exists, stored_run_id,
 };
 use fleet_proto::{NodeId, RunId};
 use postgres::config::Host;
@@ -18,7 +18,7 @@ use postgres::{Client, GenericClient, Row, Statement};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -60,6 +60,13 @@ const MIGRATIONS: &[&str] = &[
          WHERE (record->>'last_event_id')::bigint > 0;",
     // 3: the fleet's public key, so a coordinator with another key is refused.
     "CREATE TABLE fleet (key text PRIMARY KEY, value text NOT NULL);",
+    // 4: the lease in a table of its own: a heartbeat never updates the row that a serializable
+    // transaction on the node's record writes, so neither is redone for the other.
+    "CREATE TABLE leases (node_id text PRIMARY KEY, last_heartbeat_ms bigint,
+                          lease_until_ms bigint NOT NULL);
+     INSERT INTO leases (node_id, last_heartbeat_ms, lease_until_ms)
+         SELECT id, last_heartbeat_ms, lease_until_ms FROM nodes;
+     ALTER TABLE nodes DROP COLUMN last_heartbeat_ms, DROP COLUMN lease_until_ms;",
 ];
 
 const _: () = assert!(MIGRATIONS.len() as u64 == SCHEMA_VERSION);
@@ -436,6 +443,11 @@ impl Backend for PostgresBackend {
         "postgres"
     }
 
+    fn parallel_calls(&self) -> usize {
+        // The rest of the pool is left to the group commit and the background loops.
+        POOL_SIZE - 4
+    }
+
     fn location(&self) -> String {
         self.location.clone()
     }
@@ -469,19 +481,46 @@ impl Backend for PostgresBackend {
         })
     }
 
+    /// One statement, so one snapshot and one round trip, outside any transaction.
+    fn dispatch_view(&self, node_id: &NodeId) -> StoreResult<DispatchView> {
+        let id = node_id.as_str();
+        let row = self.with_conn(|conn| {
+            PgTx::new(conn).query_opt(
+                "SELECT n.id, n.record, l.last_heartbeat_ms, l.lease_until_ms, m.last_event_id,
+                        ARRAY(SELECT r.record FROM waiting_runs w JOIN runs r ON r.id = w.run_id
+                              WHERE w.node_id = $1),
+                        (SELECT count(*) FROM active_runs a WHERE a.node_id = $1)
+                 FROM (SELECT $1::text AS id) k
+                 LEFT JOIN nodes n ON n.id = k.id LEFT JOIN leases l ON l.node_id = k.id
+                 LEFT JOIN event_marks m ON m.node_id = k.id",
+                &[&id],
+            )
+        })?;
+        let row = row.ok_or_else(|| StoreError::Db("the dispatch view read no row".into()))?;
+        let waiting = row
+            .try_get::<_, Vec<Json<RunRow>>>(5)
+            .map_err(|_| StoreError::Corrupt(format!("the runs waiting for {id}")))?;
+        let known = row.get::<_, Option<&str>>(0).is_some();
+        Ok(DispatchView {
+            waiting: waiting.into_iter().map(|Json(run)| run).collect(),
+            out: count(row.get(6)),
+            node: known.then(|| node_of(&row)).transpose()?,
+        })
+    }
+
     /// One statement at READ COMMITTED: the lease only grows (`GREATEST`), so a heartbeat needs
     /// no serializable snapshot, and takes no predicate lock that would fail other coordinators'
     /// transactions on the nodes table.
-    fn write_leases(&self, beats: &[Beat]) -> StoreResult<()> {
+    fn write_leases(&self, beats: &[Beat]) -> StoreResult<Vec<Beat>> {
         self.with_conn(|conn| {
             self.begin(conn, "BEGIN ISOLATION LEVEL READ COMMITTED")?;
             let mut tx = PgTx::new(conn);
             let done = tx.touch_nodes(beats);
             let end = conn.client.batch_execute(match done {
-                Ok(()) => "COMMIT",
+                Ok(_) => "COMMIT",
                 Err(_) => "ROLLBACK",
             });
-            done.and(end.map_err(fail))
+            end.map_err(fail).and(done)
         })
     }
 
@@ -490,6 +529,26 @@ impl Backend for PostgresBackend {
     }
 
     fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()> {
+        self.write_at("BEGIN ISOLATION LEVEL SERIALIZABLE", f)
+    }
+
+    /// At READ COMMITTED: each statement sees what committed before it, and the node-change
+    /// count held first orders it with every closing transaction (see the trait).
+    fn write_placing(
+        &self,
+        f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
+    ) -> StoreResult<()> {
+        self.write_at("BEGIN ISOLATION LEVEL READ COMMITTED", f)
+    }
+}
+
+impl PostgresBackend {
+    /// One transaction begun with `begin`, tried again after a conflict for [`WRITE_PATIENCE`].
+    fn write_at(
+        &self,
+        begin: &str,
+        f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
+    ) -> StoreResult<()> {
         self.with_conn(|conn| {
             let begun = std::time::Instant::now();
             let mut tries = 0u32;
@@ -505,9 +564,9 @@ impl Backend for PostgresBackend {
                     std::thread::sleep(Duration::from_millis(rand::random::<u64>() % (cap + 1)));
                 }
                 tries += 1;
-                self.begin(conn, "BEGIN ISOLATION LEVEL SERIALIZABLE")?;
+                self.begin(conn, begin)?;
                 let mut tx = PgTx::new(conn);
-                let mut done = f(&mut tx);
+                let mut done = f(&mut tx).and_then(|()| tx.write_runs());
                 if done.is_ok() && tx.announce.get() {
                     // Delivered at commit, once per transaction, to every listening coordinator.
                     done = tx.execute("SELECT pg_notify($1, '')", &[&WAITING_CHANNEL]);
@@ -605,6 +664,12 @@ struct PgTx<'a> {
     conflict: Cell<bool>,
     /// Runs were put in the waiting index: the other coordinators are told at commit.
     announce: Cell<bool>,
+    /// The runs this transaction read or wrote, by id (None: not stored): a batch of changes
+    /// reads each run once, and its rules read their own writes here.
+    runs: RefCell<HashMap<String, Option<RunRow>>>,
+    /// The runs written and not yet sent: all in one statement before commit
+    /// ([`PgTx::write_runs`]), not one round trip per change.
+    unsent: RefCell<BTreeSet<String>>,
 }
 
 type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
@@ -616,7 +681,53 @@ impl<'a> PgTx<'a> {
             prepared: RefCell::new(&mut conn.prepared),
             conflict: Cell::new(false),
             announce: Cell::new(false),
+            runs: RefCell::default(),
+            unsent: RefCell::default(),
         }
+    }
+
+    /// Sends every run written since the last call, in one statement.
+    fn write_runs(&self) -> StoreResult<()> {
+        let unsent = std::mem::take(&mut *self.unsent.borrow_mut());
+        let runs = self.runs.borrow();
+        let rows: Vec<&RunRow> = (unsent.iter())
+            .filter_map(|id| runs.get(id).and_then(Option::as_ref))
+            .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let nodes: Vec<&str> = rows.iter().map(|r| r.node_id.as_str()).collect();
+        let records: Vec<Json<&RunRow>> = rows.iter().map(|r| json(*r)).collect();
+        self.execute(
+            "INSERT INTO runs (id, node_id, record)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
+             ON CONFLICT (id) DO UPDATE SET node_id = EXCLUDED.node_id, record = EXCLUDED.record",
+            &[&ids, &nodes, &records],
+        )
+    }
+
+    /// Reads the runs under `ids` not read yet into [`PgTx::runs`], in one round trip.
+    fn read_runs(&self, ids: &[RunId]) -> StoreResult<()> {
+        let keys: Vec<&str> = {
+            let runs = self.runs.borrow();
+            (ids.iter().map(RunId::as_str))
+                .filter(|id| !runs.contains_key(*id))
+                .collect()
+        };
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let rows = self.query("SELECT id, record FROM runs WHERE id = ANY($1)", &[&keys])?;
+        let mut runs = self.runs.borrow_mut();
+        for key in keys {
+            runs.insert(key.to_string(), None);
+        }
+        for row in &rows {
+            let id: &str = row.get(0);
+            runs.insert(id.to_string(), Some(decode(row, 1, id)?));
+        }
+        Ok(())
     }
 
     fn check<T>(&self, result: Result<T, postgres::Error>) -> StoreResult<T> {
@@ -689,8 +800,9 @@ impl ReadTx for PgTx<'_> {
     fn node(&self, id: &NodeId) -> StoreResult<Option<NodeRecord>> {
         let id = id.as_str();
         let row = self.query_opt(
-            "SELECT n.id, n.record, n.last_heartbeat_ms, n.lease_until_ms, m.last_event_id
-             FROM nodes n LEFT JOIN event_marks m ON m.node_id = n.id WHERE n.id = $1",
+            "SELECT n.id, n.record, l.last_heartbeat_ms, l.lease_until_ms, m.last_event_id
+             FROM nodes n LEFT JOIN leases l ON l.node_id = n.id
+             LEFT JOIN event_marks m ON m.node_id = n.id WHERE n.id = $1",
             &[&id],
         )?;
         row.as_ref().map(node_of).transpose()
@@ -698,8 +810,9 @@ impl ReadTx for PgTx<'_> {
 
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
         let rows = self.query(
-            "SELECT n.id, n.record, n.last_heartbeat_ms, n.lease_until_ms, m.last_event_id
-             FROM nodes n LEFT JOIN event_marks m ON m.node_id = n.id",
+            "SELECT n.id, n.record, l.last_heartbeat_ms, l.lease_until_ms, m.last_event_id
+             FROM nodes n LEFT JOIN leases l ON l.node_id = n.id
+             LEFT JOIN event_marks m ON m.node_id = n.id",
             &[],
         )?;
         rows.iter().map(node_of).collect()
@@ -719,16 +832,17 @@ impl ReadTx for PgTx<'_> {
     }
 
     fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>> {
-        self.record("SELECT record FROM runs WHERE id = $1", id.as_str())
+        self.read_runs(std::slice::from_ref(id))?;
+        Ok(self.runs.borrow().get(id.as_str()).cloned().flatten())
     }
 
     fn runs(&self, ids: &[RunId]) -> StoreResult<Vec<RunRow>> {
         // One round trip for a node's whole queue, not one per run.
-        let keys: Vec<&str> = ids.iter().map(RunId::as_str).collect();
-        let rows = self.query("SELECT id, record FROM runs WHERE id = ANY($1)", &[&keys])?;
-        (rows.iter())
-            .map(|row| decode(row, 1, row.get::<_, &str>(0)))
-            .collect()
+        self.read_runs(ids)?;
+        let runs = self.runs.borrow();
+        Ok((ids.iter())
+            .filter_map(|id| runs.get(id.as_str()).cloned().flatten())
+            .collect())
     }
 
     fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>> {
@@ -804,13 +918,13 @@ impl ReadTx for PgTx<'_> {
             .collect())
     }
 
-    fn node_ends(&self) -> StoreResult<u64> {
+    fn node_changes(&self) -> StoreResult<u64> {
         let row = self.query_opt("SELECT value FROM meta WHERE key = 'node_ends'", &[])?;
         Ok(row.map_or(0, |row| count(row.get(0))))
     }
 
-    fn fleet_key(&self) -> StoreResult<Option<String>> {
-        let row = self.query_opt("SELECT value FROM fleet WHERE key = 'public_key'", &[])?;
+    fn fleet_entry(&self, entry: FleetEntry) -> StoreResult<Option<String>> {
+        let row = self.query_opt("SELECT value FROM fleet WHERE key = $1", &[&entry.key()])?;
         Ok(row.map(|row| row.get(0)))
     }
 }
@@ -824,7 +938,7 @@ fn run_ids(rows: &[Row]) -> StoreResult<Vec<RunId>> {
 fn node_of(row: &Row) -> StoreResult<NodeRecord> {
     let mut node: NodeRecord = decode(row, 1, row.get::<_, &str>(0))?;
     node.last_heartbeat_ms = row.get::<_, Option<i64>>(2).map(count);
-    node.lease_until_ms = count(row.get(3));
+    node.lease_until_ms = row.get::<_, Option<i64>>(3).map_or(0, count);
     node.last_event_id = row.get::<_, Option<i64>>(4).map_or(0, count);
     Ok(node)
 }
@@ -848,19 +962,26 @@ impl WriteTx for PgTx<'_> {
     }
 
     fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()> {
-        let heard = node.last_heartbeat_ms.map(bigint).transpose()?;
         self.execute(
-            "INSERT INTO nodes (id, record, last_heartbeat_ms, lease_until_ms)
-             VALUES ($1, $2, $3, $4)
-             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record,
-                 last_heartbeat_ms = GREATEST(nodes.last_heartbeat_ms, EXCLUDED.last_heartbeat_ms),
-                 lease_until_ms = GREATEST(nodes.lease_until_ms, EXCLUDED.lease_until_ms)",
-            &[
-                &node.id.as_str(),
-                &json(node),
-                &heard,
-                &bigint(node.lease_until_ms)?,
-            ],
+            "INSERT INTO nodes (id, record) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+            &[&node.id.as_str(), &json(node)],
+        )
+    }
+
+    fn put_lease(
+        &mut self,
+        node_id: &NodeId,
+        heard_ms: Option<u64>,
+        lease_until_ms: u64,
+    ) -> StoreResult<()> {
+        let heard = heard_ms.map(bigint).transpose()?;
+        self.execute(
+            "INSERT INTO leases (node_id, last_heartbeat_ms, lease_until_ms) VALUES ($1, $2, $3)
+             ON CONFLICT (node_id) DO UPDATE SET
+                 last_heartbeat_ms = GREATEST(leases.last_heartbeat_ms, EXCLUDED.last_heartbeat_ms),
+                 lease_until_ms = GREATEST(leases.lease_until_ms, EXCLUDED.lease_until_ms)",
+            &[&node_id.as_str(), &heard, &bigint(lease_until_ms)?],
         )
     }
 
@@ -872,20 +993,34 @@ impl WriteTx for PgTx<'_> {
         )
     }
 
-    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()> {
+    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<Vec<Beat>> {
         let ids: Vec<&str> = beats.iter().map(|b| b.node_id.as_str()).collect();
         let heard = (beats.iter().map(|b| bigint(b.at_ms))).collect::<StoreResult<Vec<_>>>()?;
         let leases =
             (beats.iter().map(|b| bigint(b.lease_until_ms))).collect::<StoreResult<Vec<_>>>()?;
-        // One statement for the whole batch, in id order so that batches never deadlock.
-        self.execute(
-            "UPDATE nodes SET last_heartbeat_ms = GREATEST(nodes.last_heartbeat_ms, b.heard),
-                              lease_until_ms = GREATEST(nodes.lease_until_ms, b.lease)
-             FROM (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
-                   AS b(id, heard, lease) ORDER BY id) b
-             WHERE nodes.id = b.id",
+        // One statement for the whole batch. It never waits for a row: a group commit writing
+        // node records in its own order would deadlock with it (a second lost to detection
+        // each time). The rows it skipped come back: those nodes' beats go with the next write.
+        let busy = self.query(
+            "WITH b AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                        AS b(id, heard, lease)),
+                  locked AS (SELECT node_id FROM leases WHERE node_id = ANY($1)
+                             FOR UPDATE SKIP LOCKED),
+                  written AS (
+                      UPDATE leases SET last_heartbeat_ms = GREATEST(leases.last_heartbeat_ms, b.heard),
+                                        lease_until_ms = GREATEST(leases.lease_until_ms, b.lease)
+                      FROM b, locked WHERE leases.node_id = b.id AND locked.node_id = b.id
+                      RETURNING leases.node_id)
+             SELECT node_id FROM leases WHERE node_id = ANY($1)
+                 AND node_id NOT IN (SELECT node_id FROM written)",
             &[&ids, &heard, &leases],
-        )
+        )?;
+        let busy: std::collections::HashSet<&str> =
+            busy.iter().map(|row| row.get::<_, &str>(0)).collect();
+        Ok((beats.iter())
+            .filter(|b| busy.contains(b.node_id.as_str()))
+            .cloned()
+            .collect())
     }
 
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()> {
@@ -903,14 +1038,54 @@ impl WriteTx for PgTx<'_> {
     }
 
     fn put_run(&mut self, run: &RunRow) -> StoreResult<()> {
+        let id = run.id.as_str().to_string();
+        self.runs.borrow_mut().insert(id.clone(), Some(run.clone()));
+        self.unsent.borrow_mut().insert(id);
+        Ok(())
+    }
+
+    fn read_runs_ahead(&mut self, ids: &[RunId]) -> StoreResult<()> {
+        self.read_runs(ids)
+    }
+
+    fn put_new_runs(&mut self, runs: &[RunRow]) -> StoreResult<()> {
+        let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+        let nodes: Vec<&str> = runs.iter().map(|r| r.node_id.as_str()).collect();
+        let records: Vec<Json<&RunRow>> = runs.iter().map(json).collect();
+        let inserted = self.query(
+            "INSERT INTO runs (id, node_id, record)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
+             ON CONFLICT (id) DO NOTHING RETURNING id",
+            &[&ids, &nodes, &records],
+        )?;
+        let mut known = self.runs.borrow_mut();
+        for run in runs {
+            known.insert(run.id.as_str().to_string(), Some(run.clone()));
+        }
+        drop(known);
+        if inserted.len() != runs.len() {
+            let mut fresh: std::collections::HashSet<&str> =
+                inserted.iter().map(|row| row.get::<_, &str>(0)).collect();
+            // Cannot miss: fewer rows came back than went in (a run there before, or twice here).
+            let taken = runs.iter().find(|r| !fresh.remove(r.id.as_str()));
+            return Err(run_exists(&taken.expect("a run not inserted").id));
+        }
         self.execute(
-            "INSERT INTO runs (id, node_id, record) VALUES ($1, $2, $3)
-             ON CONFLICT (id) DO UPDATE SET node_id = EXCLUDED.node_id, record = EXCLUDED.record",
-            &[&run.id.as_str(), &run.node_id.as_str(), &json(run)],
+            "INSERT INTO active_runs (run_id, node_id) SELECT * FROM unnest($1::text[], $2::text[])
+             ON CONFLICT (run_id) DO UPDATE SET node_id = EXCLUDED.node_id",
+            &[&ids, &nodes],
+        )?;
+        self.announce.set(true);
+        self.execute(
+            "INSERT INTO waiting_runs (node_id, run_id) SELECT * FROM unnest($1::text[], $2::text[])
+             ON CONFLICT DO NOTHING",
+            &[&nodes, &ids],
         )
     }
 
     fn remove_run(&mut self, id: &RunId) -> StoreResult<()> {
+        self.unsent.borrow_mut().remove(id.as_str());
+        self.runs.borrow_mut().insert(id.as_str().to_string(), None);
         self.execute("DELETE FROM runs WHERE id = $1", &[&id.as_str()])
     }
 
@@ -972,7 +1147,27 @@ impl WriteTx for PgTx<'_> {
         )
     }
 
-    fn count_node_end(&mut self) -> StoreResult<()> {
+    fn add_program_refs(&mut self, digest: &str, count: u64) -> StoreResult<()> {
+        let count = i64::try_from(count)
+            .map_err(|_| StoreError::Refused(format!("{count} references to {digest}")))?;
+        self.execute(
+            "INSERT INTO program_refs (digest, refs) VALUES ($1, $2)
+             ON CONFLICT (digest) DO UPDATE SET refs = program_refs.refs + EXCLUDED.refs",
+            &[&digest, &count],
+        )
+    }
+
+    /// An update that changes nothing still makes a new row version: it waits for a closing
+    /// transaction under way, and fails a serializable one that began before this commits.
+    fn hold_node_changes(&mut self) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO meta (key, value) VALUES ('node_ends', 0)
+             ON CONFLICT (key) DO UPDATE SET value = meta.value",
+            &[],
+        )
+    }
+
+    fn count_node_change(&mut self) -> StoreResult<()> {
         self.execute(
             "INSERT INTO meta (key, value) VALUES ('node_ends', 1)
              ON CONFLICT (key) DO UPDATE SET value = meta.value + 1",
@@ -980,16 +1175,17 @@ impl WriteTx for PgTx<'_> {
         )
     }
 
-    fn set_fleet_key(&mut self, key: &str) -> StoreResult<()> {
+    fn set_fleet_entry(&mut self, entry: FleetEntry, value: &str) -> StoreResult<()> {
         self.execute(
-            "INSERT INTO fleet (key, value) VALUES ('public_key', $1)
-             ON CONFLICT (key) DO UPDATE SET value = $1",
-            &[&key],
+            "INSERT INTO fleet (key, value) VALUES ($1, $2)
+             ON CONFLICT (key) DO UPDATE SET value = $2",
+            &[&entry.key(), &value],
         )
     }
 
     fn remove_node(&mut self, id: &NodeId) -> StoreResult<()> {
         self.execute("DELETE FROM nodes WHERE id = $1", &[&id.as_str()])?;
+        self.execute("DELETE FROM leases WHERE node_id = $1", &[&id.as_str()])?;
         self.execute(
             "DELETE FROM event_marks WHERE node_id = $1",
             &[&id.as_str()],

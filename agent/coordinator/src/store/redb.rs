@@ -1,7 +1,7 @@
 //! The embedded backend: one redb file, one table per record kind, records as JSON.
 use super::{
-    Backend, Beat, Layout, NodeRecord, ReadTx, RunRow, StoreError, StoreResult, TokenRecord,
-    WriteTx, stored_run_id,
+    Backend, Beat, FleetEntry, Layout, NodeRecord, ReadTx, RunRow, StoreError, StoreResult,
+    TokenRecord, WriteTx, stored_run_id,
 };
 use fleet_proto::{NodeId, RunId};
 use redb::{Database, ReadableTable, TableDefinition, TableHandle};
@@ -36,7 +36,6 @@ const EVENT_MARKS: TableDefinition<&str, u64> = TableDefinition::new("event_mark
 const COORDINATORS: TableDefinition<&str, u64> = TableDefinition::new("coordinators");
 /// `public_key` -> the fleet's public key (schema 3).
 const FLEET: TableDefinition<&str, &str> = TableDefinition::new("fleet");
-const FLEET_KEY: &str = "public_key";
 /// `schema_version`, and `final_seq` (the last sequence number given in FINAL).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -97,6 +96,11 @@ impl Backend for RedbBackend {
         "redb"
     }
 
+    fn parallel_calls(&self) -> usize {
+        // Reads are CPU work on pages in memory; the commit has its own thread.
+        std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
+    }
+
     fn location(&self) -> String {
         self.path.display().to_string()
     }
@@ -140,7 +144,7 @@ impl Backend for RedbBackend {
     }
 
     fn upgrade(&self, from: u64, to: u64) -> StoreResult<()> {
-        if !matches!((from, to), (1 | 2, 3)) {
+        if !matches!((from, to), (1..=3, 4)) {
             return Err(StoreError::Db(format!(
                 "no upgrade from schema {from} to {to}"
             )));
@@ -151,7 +155,7 @@ impl Backend for RedbBackend {
         if from == 1 {
             upgrade_1_to_2(&mut tx)?;
         }
-        // 2 -> 3: the fleet's public key.
+        // 2 -> 3: the fleet's public key. 3 -> 4 changed only PostgreSQL's layout.
         tx.tx.open_table(FLEET).map_err(fail)?;
         tx.tx
             .open_table(META)
@@ -398,7 +402,7 @@ macro_rules! reads {
                 Ok(out)
             }
 
-            fn node_ends(&self) -> StoreResult<u64> {
+            fn node_changes(&self) -> StoreResult<u64> {
                 let meta = self.tx.open_table(META).map_err(fail)?;
                 Ok(meta
                     .get(NODE_ENDS_KEY)
@@ -406,10 +410,10 @@ macro_rules! reads {
                     .map_or(0, |v| v.value()))
             }
 
-            fn fleet_key(&self) -> StoreResult<Option<String>> {
+            fn fleet_entry(&self, entry: FleetEntry) -> StoreResult<Option<String>> {
                 let fleet = self.tx.open_table(FLEET).map_err(fail)?;
-                let key = fleet.get(FLEET_KEY).map_err(fail)?;
-                Ok(key.map(|k| k.value().to_string()))
+                let value = fleet.get(entry.key()).map_err(fail)?;
+                Ok(value.map(|v| v.value().to_string()))
             }
         }
     };
@@ -475,11 +479,25 @@ impl WriteTx for RedbWrite {
         let mut nodes = self.tx.open_table(NODES).map_err(fail)?;
         nodes
             .insert(node.id.as_str(), encode(node).as_slice())
-            .map_err(fail)?;
+            .map_err(fail)
+            .map(drop)
+    }
+
+    fn put_lease(
+        &mut self,
+        node_id: &NodeId,
+        heard_ms: Option<u64>,
+        lease_until_ms: u64,
+    ) -> StoreResult<()> {
         let mut leases = self.tx.open_table(LEASES).map_err(fail)?;
-        let lease = (node.last_heartbeat_ms, node.lease_until_ms);
-        leases
-            .insert(node.id.as_str(), lease)
+        let (heard, until) = match leases.get(node_id.as_str()).map_err(fail)? {
+            Some(was) => {
+                let (was_heard, was_until) = was.value();
+                (heard_ms.max(was_heard), lease_until_ms.max(was_until))
+            }
+            None => (heard_ms, lease_until_ms),
+        };
+        (leases.insert(node_id.as_str(), (heard, until)))
             .map_err(fail)
             .map(drop)
     }
@@ -489,7 +507,7 @@ impl WriteTx for RedbWrite {
         marks.insert(node_id.as_str(), id).map_err(fail).map(drop)
     }
 
-    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<()> {
+    fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<Vec<Beat>> {
         let nodes = self.tx.open_table(NODES).map_err(fail)?;
         let mut leases = self.tx.open_table(LEASES).map_err(fail)?;
         for beat in beats {
@@ -498,7 +516,8 @@ impl WriteTx for RedbWrite {
                 leases.insert(beat.node_id.as_str(), lease).map_err(fail)?;
             }
         }
-        Ok(())
+        // One writer at a time: no row is ever busy.
+        Ok(Vec::new())
     }
 
     fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()> {
@@ -605,15 +624,15 @@ impl WriteTx for RedbWrite {
         table.insert(address, seen_ms).map_err(fail).map(drop)
     }
 
-    fn count_node_end(&mut self) -> StoreResult<()> {
-        let ends = self.node_ends()? + 1;
+    fn count_node_change(&mut self) -> StoreResult<()> {
+        let ends = self.node_changes()? + 1;
         let mut meta = self.tx.open_table(META).map_err(fail)?;
         meta.insert(NODE_ENDS_KEY, ends).map_err(fail).map(drop)
     }
 
-    fn set_fleet_key(&mut self, key: &str) -> StoreResult<()> {
+    fn set_fleet_entry(&mut self, entry: FleetEntry, value: &str) -> StoreResult<()> {
         let mut fleet = self.tx.open_table(FLEET).map_err(fail)?;
-        fleet.insert(FLEET_KEY, key).map_err(fail).map(drop)
+        fleet.insert(entry.key(), value).map_err(fail).map(drop)
     }
 
     fn remove_node(&mut self, id: &NodeId) -> StoreResult<()> {

@@ -1,13 +1,16 @@
 //! The intents the coordinator stores, and the rules they follow, written once over any
 //! [`Backend`].
 use super::{
-    Backend, Beat, BootstrapFailure, Ending, EventRecord, Layout, NodeEvent, NodeRecord, ReadTx,
-    Redeemed, Retry, RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
+    Backend, Beat, BootstrapFailure, DispatchView, Ending, EventRecord, FleetEntry, Layout,
+    NodeEvent, NodeProtocol, NodeRecord, ReadTx, Redeemed, ReleaseRecord, Retry, RunRow,
+    SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
 };
 use fleet_proto::clock::now_ms;
 use fleet_proto::facts::Facts;
+use fleet_proto::pin::PinnedKey;
 use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::{Outcome, RunState};
+use fleet_proto::version::{Incompatible, ProtocolVersion};
 use fleet_proto::{NodeId, RunId};
 use std::collections::BTreeMap;
 
@@ -58,6 +61,10 @@ impl Store {
     /// Which database holds the store (`redb`, `postgres`).
     pub fn kind(&self) -> &'static str {
         self.backend.kind()
+    }
+
+    pub fn parallel_calls(&self) -> usize {
+        self.backend.parallel_calls()
     }
 
     /// The store's file or database, for messages.
@@ -159,8 +166,10 @@ impl Store {
                         capacity: None,
                         ended: None,
                         idle_since_ms: None,
+                        protocol: None,
                     };
                     tx.put_node(&node)?;
+                    tx.put_lease(node_id, None, lease_until_ms)?;
                     Ok(Some(Redeemed { node, first: true }))
                 }
             }
@@ -221,6 +230,7 @@ impl Store {
             };
             node.drained_since_ms = since_ms.map(|t| node.drained_since_ms.unwrap_or(t));
             tx.put_node(&node)?;
+            tx.count_node_change()?;
             Ok(Some(node))
         })
     }
@@ -238,6 +248,7 @@ impl Store {
             };
             node.capacity = capacity;
             tx.put_node(&node)?;
+            tx.count_node_change()?;
             Ok(Some(node))
         })
     }
@@ -272,7 +283,7 @@ impl Store {
             let lost = lose_runs(tx, keep, &out, end.as_str())?;
             node.ended = Some(Ending { end, at_ms: now_ms });
             tx.put_node(&node)?;
-            tx.count_node_end()?;
+            tx.count_node_change()?;
             let node = Box::new(node);
             Ok(EndOutcome::Ended { node, lost })
         })
@@ -292,6 +303,7 @@ impl Store {
             let out = tx.active(Some(id))?;
             lose_runs(tx, keep, &out, "forgotten")?;
             tx.remove_node(id)?;
+            tx.count_node_change()?;
             Ok(ForgetOutcome::Forgotten(Box::new(node)))
         })
     }
@@ -369,23 +381,103 @@ impl Store {
     /// The fleet's public key: the one recorded, or `key` when none was (this coordinator is the
     /// store's first); the caller compares it with its own.
     pub fn claim_fleet_key(&self, key: &str) -> StoreResult<String> {
-        self.write(|tx| match tx.fleet_key()? {
+        self.write(|tx| match tx.fleet_entry(FleetEntry::PublicKey)? {
             Some(fleet) => Ok(fleet),
-            None => tx.set_fleet_key(key).map(|()| key.to_string()),
+            None => (tx.set_fleet_entry(FleetEntry::PublicKey, key)).map(|()| key.to_string()),
         })
     }
 
-    /// The content stored runs refer to (programs, inputs), each digest once.
+    /// The content stored runs refer to (programs, inputs) and the binaries of the releases
+    /// taken in, each digest once.
     pub fn referenced_content(&self) -> StoreResult<Vec<fleet_proto::Digest>> {
-        let digests = self.read(|tx| tx.referenced_content())?;
-        (digests.iter())
+        let (digests, releases) =
+            self.read(|tx| Ok((tx.referenced_content()?, releases_in(tx)?)))?;
+        let mut all: Vec<fleet_proto::Digest> = (digests.iter())
             .map(|d| fleet_proto::Digest::parse(d).map_err(|_| StoreError::Corrupt(d.clone())))
-            .collect()
+            .collect::<StoreResult<_>>()?;
+        let binaries = releases.iter().flat_map(|r| &r.manifest_read.binaries);
+        all.extend(binaries.map(|b| b.sha256));
+        all.sort();
+        all.dedup();
+        Ok(all)
     }
 
-    /// Changes every time a node is ended; see [`ReadTx::node_ends`].
-    pub fn node_ends(&self) -> StoreResult<u64> {
-        self.read(|tx| tx.node_ends())
+    /// The root keys a release must be certified by.
+    pub fn release_roots(&self) -> StoreResult<Vec<PinnedKey>> {
+        self.read(|tx| release_roots_in(tx))
+    }
+
+    /// Adds `root` to the keys a release may be certified by (once); answers them all.
+    pub fn trust_release_root(&self, root: &PinnedKey) -> StoreResult<Vec<PinnedKey>> {
+        self.write(|tx| {
+            let mut roots = release_roots_in(tx)?;
+            if !roots.contains(root) {
+                roots.push(root.clone());
+                tx.set_fleet_entry(FleetEntry::ReleaseRoots, &text_of(&roots))?;
+            }
+            Ok(roots)
+        })
+    }
+
+    /// One entry of the fleet's table, read as JSON; None when it was never written.
+    pub fn fleet_value<T: serde::de::DeserializeOwned>(
+        &self,
+        entry: FleetEntry,
+    ) -> StoreResult<Option<T>> {
+        self.read(|tx| fleet_json::<Option<T>>(tx, entry))
+    }
+
+    /// Changes one entry of the fleet's table in one transaction: `change` gets what is there and
+    /// answers what to write (None: leave it) and what to answer. It may run more than once (a
+    /// transaction tried again), so it must only compute.
+    pub fn change_fleet_value<T, R>(
+        &self,
+        entry: FleetEntry,
+        mut change: impl FnMut(Option<T>) -> StoreResult<(Option<T>, R)>,
+    ) -> StoreResult<R>
+    where
+        T: serde::de::DeserializeOwned + serde::Serialize,
+    {
+        self.write(|tx| {
+            let (write, answer) = change(fleet_json::<Option<T>>(tx, entry)?)?;
+            if let Some(value) = write {
+                tx.set_fleet_entry(entry, &text_of(&value))?;
+            }
+            Ok(answer)
+        })
+    }
+
+    /// The releases taken in, oldest first.
+    pub fn releases(&self) -> StoreResult<Vec<ReleaseRecord>> {
+        self.read(|tx| releases_in(tx))
+    }
+
+    /// Takes in a checked release, whose sequence must be above every release's before it; the
+    /// same release again changes nothing.
+    pub fn add_release(&self, release: &ReleaseRecord) -> StoreResult<ReleaseAdded> {
+        self.write(|tx| {
+            let mut releases = releases_in(tx)?;
+            let sequence = release.manifest_read.sequence;
+            if let Some(same) = releases.iter().find(|r| r.manifest == release.manifest) {
+                return Ok(ReleaseAdded::Already(same.clone()));
+            }
+            if let Some(newest) = releases.iter().map(|r| &r.manifest_read).max_by_key(|m| m.sequence)
+                && newest.sequence >= sequence
+            {
+                return Err(StoreError::Refused(format!(
+                    "the release's sequence {sequence} is not above {}, the sequence of release {} taken in before: sign it with a higher --sequence",
+                    newest.sequence, newest.version
+                )));
+            }
+            releases.push(release.clone());
+            tx.set_fleet_entry(FleetEntry::Releases, &text_of(&releases))?;
+            Ok(ReleaseAdded::New)
+        })
+    }
+
+    /// Changes every time the operator ends a node or sets its capacity; see [`ReadTx::node_changes`].
+    pub fn node_changes(&self) -> StoreResult<u64> {
+        self.read(|tx| tx.node_changes())
     }
 
     /// What a session needs to send a node its runs: the runs waiting for it (oldest first), how
@@ -394,12 +486,26 @@ impl Store {
         &self,
         node_id: &NodeId,
     ) -> StoreResult<(Vec<RunRow>, u64, Option<NodeRecord>)> {
-        self.read(|tx| {
-            let mut runs = runs_of(tx, &tx.waiting(node_id)?)?;
-            runs.retain(|r| &r.node_id == node_id && is_waiting(r));
-            runs.sort_by(waiting_order);
-            let out = tx.active(Some(node_id))?.len() as u64;
-            Ok((runs, out, tx.node(node_id)?))
+        let DispatchView {
+            waiting: mut runs,
+            out,
+            node,
+        } = self.backend.dispatch_view(node_id)?;
+        runs.retain(|r| &r.node_id == node_id && is_waiting(r));
+        runs.sort_by(waiting_order);
+        Ok((runs, out, node))
+    }
+
+    /// Records that the node's hello was refused for sharing no protocol version with this
+    /// coordinator (written only when it says something new: a refused agent keeps trying).
+    pub fn refuse_protocol(&self, id: &NodeId, versions: Incompatible) -> StoreResult<()> {
+        let refused = Some(NodeProtocol::Refused(versions));
+        self.write(|tx| match tx.node(id)? {
+            Some(mut node) if node.protocol != refused => {
+                node.protocol = refused;
+                tx.put_node(&node)
+            }
+            _ => Ok(()),
         })
     }
 
@@ -434,6 +540,7 @@ impl Store {
             node_id: id.clone(),
             lease_until_ms,
             at: None,
+            protocol: ProtocolVersion::CURRENT,
         })? {
             Applied::Generation(generation) => Ok(generation),
             other => Err(mismatch("a session", &other)),
@@ -454,7 +561,10 @@ impl Store {
             lease_until_ms,
         };
         let change = match facts {
-            Some(facts) => Change::Facts { beat, facts },
+            Some(facts) => Change::Facts {
+                beat,
+                facts: Box::new(facts),
+            },
             None => Change::Beats(vec![beat]),
         };
         let mut applied = self.apply(std::slice::from_ref(&change));
@@ -476,10 +586,12 @@ impl Store {
             .collect();
         let beats_written = match beats.is_empty() {
             true => Ok(()),
-            false => self.backend.write_leases(&beats),
+            false => self.write_every_lease(beats),
         };
         let keep = self.keep_final_runs;
+        let runs: Vec<RunId> = changes.iter().flat_map(Change::runs).cloned().collect();
         let together = self.write(|tx| {
+            tx.read_runs_ahead(&runs)?;
             changes
                 .iter()
                 .map(|change| match change {
@@ -508,14 +620,34 @@ impl Store {
         }
     }
 
-    /// Writes heartbeats (see [`Backend::write_leases`]), apart from any other change.
-    pub fn write_leases(&self, beats: &[Beat]) -> StoreResult<()> {
+    /// Writes heartbeats (see [`Backend::write_leases`]), apart from any other change; answers
+    /// those left for the next write, their node's record busy now.
+    pub fn write_leases(&self, beats: &[Beat]) -> StoreResult<Vec<Beat>> {
         self.backend.write_leases(beats)
+    }
+
+    /// Writes heartbeats, trying those left again until each is written: a record is held only
+    /// for one transaction.
+    fn write_every_lease(&self, mut beats: Vec<Beat>) -> StoreResult<()> {
+        let since = std::time::Instant::now();
+        loop {
+            beats = self.backend.write_leases(&beats)?;
+            if beats.is_empty() {
+                return Ok(());
+            }
+            if since.elapsed() > std::time::Duration::from_secs(10) {
+                return Err(StoreError::Db(format!(
+                    "the records of {} node(s) stayed held by other transactions for 10 s; their heartbeats go with the next",
+                    beats.len()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     fn apply_one(&self, change: &Change) -> StoreResult<Applied> {
         if let Change::Beats(beats) = change {
-            return self.backend.write_leases(beats).map(|()| Applied::Done);
+            return (self.write_every_lease(beats.clone())).map(|()| Applied::Done);
         }
         let keep = self.keep_final_runs;
         self.write(|tx| apply_change(tx, keep, change))
@@ -556,35 +688,30 @@ impl Store {
             *uses.entry(digest).or_default() += 1;
         }
         let ids: Vec<RunId> = runs.iter().map(|r| r.id.clone()).collect();
-        self.write(|tx| {
+        self.backend.write_placing(&mut |tx| {
+            // First: a drain, retire, revoke or forget that committed before is seen below, and
+            // one under way is redone after this commits (and sees these runs).
+            tx.hold_node_changes()?;
             if tx.set(set_id)?.is_some() {
                 return refused(format!("the set {set_id} exists already"));
             }
             for (digest, count) in &uses {
-                let refs = tx.program_refs(digest)?;
-                tx.set_program_refs(digest, refs + count)?;
+                tx.add_program_refs(digest, *count)?;
             }
-            // Checked in the transaction that records the runs, so a drain, retire or revoke
-            // that committed first is never passed by a run placed from an older read.
             let closed: BTreeMap<NodeId, NodeRecord> = (tx.nodes()?.into_iter())
                 .filter(|n| !n.takes_runs())
                 .map(|n| (n.id.clone(), n))
                 .collect();
-            for run in runs {
-                if let Some(node) = closed.get(&run.node_id) {
-                    let why = node.ended.map_or("draining", |e| e.end.as_str());
-                    return refused(format!(
-                        "the node {} is {why}: it takes no new run",
-                        run.node_id
-                    ));
-                }
-                if tx.run(&run.id)?.is_some() {
-                    return refused(format!("the run {} exists already", run.id));
-                }
-                tx.put_run(run)?;
-                tx.put_active(&run.id, &run.node_id)?;
-                tx.put_waiting(&run.id, &run.node_id)?;
+            if let Some((run, node)) =
+                (runs.iter()).find_map(|run| Some((run, closed.get(&run.node_id)?)))
+            {
+                let why = node.ended.map_or("draining", |e| e.end.as_str());
+                return refused(format!(
+                    "the node {} is {why}: it takes no new run",
+                    run.node_id
+                ));
             }
+            tx.put_new_runs(runs)?;
             tx.put_set(set_id, &ids)
         })
     }
@@ -616,12 +743,7 @@ impl Store {
     /// runs created together); read by the node's waiting index, so the cost follows this
     /// node's work, not the fleet's.
     pub fn waiting_runs(&self, node_id: &NodeId) -> StoreResult<Vec<RunRow>> {
-        self.read(|tx| {
-            let mut runs = runs_of(tx, &tx.waiting(node_id)?)?;
-            runs.retain(|r| &r.node_id == node_id && is_waiting(r));
-            runs.sort_by(waiting_order);
-            Ok(runs)
-        })
+        self.dispatch_view(node_id).map(|(waiting, _, _)| waiting)
     }
 
     /// Records the node's answers to starts, in one transaction: each run is the node's now;
@@ -734,11 +856,12 @@ pub enum Change {
         node_id: NodeId,
         lease_until_ms: u64,
         at: Option<String>,
+        protocol: ProtocolVersion,
     },
     /// Heartbeats: only the lease and the time heard are written.
     Beats(Vec<Beat>),
     /// New facts, with the heartbeat they came with.
-    Facts { beat: Beat, facts: Facts },
+    Facts { beat: Beat, facts: Box<Facts> },
     /// A node's answers to starts: (run, the error when it refused).
     Accept(Vec<(RunId, Option<String>)>),
     /// A node's events, stored once each.
@@ -746,6 +869,18 @@ pub enum Change {
         node_id: NodeId,
         events: Vec<NodeEvent>,
     },
+}
+
+impl Change {
+    /// The runs the change reads, so a batch can read them all at once.
+    fn runs(&self) -> impl Iterator<Item = &RunId> {
+        let (answers, events): (&[_], &[_]) = match self {
+            Change::Accept(answers) => (answers, &[]),
+            Change::Events { events, .. } => (&[], events),
+            _ => (&[], &[]),
+        };
+        (answers.iter().map(|(id, _)| id)).chain(events.iter().map(NodeEvent::run_id))
+    }
 }
 
 /// What a [`Change`] left: a session's generation, the highest event id stored from the node
@@ -790,21 +925,29 @@ fn apply_change(tx: &mut dyn WriteTx, keep: u64, change: &Change) -> StoreResult
             node_id,
             lease_until_ms,
             at,
+            protocol,
         } => {
             let mut node = known_node(tx, node_id)?;
             node.generation += 1;
-            node.lease_until_ms = *lease_until_ms;
             node.session_at = at.clone();
+            node.protocol = Some(NodeProtocol::Speaks { version: *protocol });
             tx.put_node(&node)?;
+            tx.put_lease(node_id, None, *lease_until_ms)?;
             Ok(Applied::Generation(node.generation))
         }
-        Change::Beats(beats) => tx.touch_nodes(beats).map(|()| Applied::Done),
+        Change::Beats(beats) => match tx.touch_nodes(beats)?.len() {
+            0 => Ok(Applied::Done),
+            // Inside a transaction, nothing can wait for them: the whole change is tried again.
+            busy => Err(StoreError::Db(format!(
+                "the records of {busy} node(s) were held by other transactions"
+            ))),
+        },
         Change::Facts { beat, facts } => {
             let mut node = known_node(tx, &beat.node_id)?;
-            node.last_heartbeat_ms = Some(beat.at_ms);
-            node.lease_until_ms = beat.lease_until_ms;
-            node.facts = Some(facts.clone());
-            tx.put_node(&node).map(|()| Applied::Done)
+            node.facts = Some(facts.as_ref().clone());
+            tx.put_node(&node)?;
+            (tx.put_lease(&beat.node_id, Some(beat.at_ms), beat.lease_until_ms))
+                .map(|()| Applied::Done)
         }
         Change::Accept(answers) => {
             for (id, error) in answers {
@@ -951,8 +1094,7 @@ fn place_again(tx: &mut dyn WriteTx, mut lost: RunRow) -> StoreResult<RunRow> {
         ..lost.clone()
     };
     for digest in next.content_digests() {
-        let refs = tx.program_refs(&digest)?;
-        tx.set_program_refs(&digest, refs + 1)?;
+        tx.add_program_refs(&digest, 1)?;
     }
     tx.put_run(&next)?;
     tx.put_active(&next.id, &next.node_id)?;
@@ -1097,4 +1239,35 @@ fn prune(tx: &mut dyn WriteTx, id: &RunId) -> StoreResult<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `release add` took a release in, or had it already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseAdded {
+    New,
+    Already(ReleaseRecord),
+}
+
+fn text_of<T: serde::Serialize>(value: &T) -> String {
+    // Cannot fail: plain data with string keys.
+    serde_json::to_string(value).expect("fleet entries serialize")
+}
+
+fn fleet_json<T: serde::de::DeserializeOwned + Default>(
+    tx: &dyn ReadTx,
+    entry: FleetEntry,
+) -> StoreResult<T> {
+    match tx.fleet_entry(entry)? {
+        None => Ok(T::default()),
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("the fleet's {}: {e}", entry.key()))),
+    }
+}
+
+fn release_roots_in(tx: &dyn ReadTx) -> StoreResult<Vec<PinnedKey>> {
+    fleet_json(tx, FleetEntry::ReleaseRoots)
+}
+
+fn releases_in(tx: &dyn ReadTx) -> StoreResult<Vec<ReleaseRecord>> {
+    fleet_json(tx, FleetEntry::Releases)
 }

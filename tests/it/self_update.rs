@@ -1,0 +1,504 @@
+//! A machine's agent updating itself from a signed release, under a stand-in for systemd's
+//! `Restart=always` (a shell loop that starts the unit's `ExecStart`, the install folder's
+//! `fleet-agent`, again whenever it exits): a good release is kept after its trial, with a run
+//! that was out at the swap executed once; bad ones (exit 1 at start, no session, a crash a few
+//! seconds in) are reverted, reported, and never tried again.
+use serde_json::Value;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use testkit::agent::{Coordinator, script, wait_until};
+use testkit::release::ReleaseKeys;
+
+const WAIT: Duration = Duration::from_secs(60);
+/// The trial given to the machines here (the default is 25 s).
+const TRIAL: &str = "10s";
+
+/// `ExecStart` run again after every exit but the fleet's end (78), as systemd's unit does.
+const UNIT: &str = r#"while :; do "$0" "$@"; rc=$?; echo "unit: the agent exited with $rc" >&2; [ "$rc" = 78 ] && exit 78; sleep 0.5; done"#;
+
+/// A machine: its install folder holds the bootstrap's plain binaries, its agent runs under the
+/// stand-in unit; the whole process group is killed on drop.
+struct Machine {
+    dir: PathBuf,
+    log: PathBuf,
+    unit: Child,
+}
+
+impl Machine {
+    fn start(dir: &Path, join: &str) -> Machine {
+        let opt = dir.join("opt");
+        std::fs::create_dir_all(&opt).unwrap();
+        for name in ["fleet-agent", "fleet-run-supervisor"] {
+            std::fs::copy(testkit::bin(name), opt.join(name)).unwrap();
+        }
+        std::fs::write(dir.join("fleet.json"), join).unwrap();
+        let agent = testkit::agent::machine_command(dir);
+        let log = dir.join("agent.log");
+        let mut unit = Command::new("sh");
+        unit.arg("-c")
+            .arg(UNIT)
+            .arg(opt.join("fleet-agent"))
+            .args(agent.get_args())
+            .arg("--install-dir")
+            .arg(&opt)
+            .args(["--update-trial", TRIAL])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .process_group(0);
+        Machine {
+            dir: dir.to_path_buf(),
+            log,
+            unit: unit.spawn().unwrap(),
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn opt(&self) -> PathBuf {
+        self.dir.join("opt")
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        // The unit, the agent, its watchdog: the whole group.
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{}", self.unit.id())])
+            .status();
+        let _ = self.unit.wait();
+    }
+}
+
+/// Seconds of the day of a log line's timestamp (`2026-12-04T16:10:02.447968Z ...`).
+fn logged_at(line: &str) -> f64 {
+    let time = &line[11..26];
+    let (h, m, s) = (&time[0..2], &time[3..5], &time[6..]);
+    h.parse::<f64>().unwrap() * 3600.0
+        + m.parse::<f64>().unwrap() * 60.0
+        + s.parse::<f64>().unwrap()
+}
+
+/// From the old agent's last line before its exec to the new agent's first session.
+fn swap_to_session_ms(log: &str) -> u64 {
+    let mut lines = log
+        .lines()
+        .skip_while(|l| !l.contains("installed a release; restarting"));
+    let swapped = lines.next().expect("the swap is logged");
+    let open = lines
+        .find(|l| l.contains("session open"))
+        .expect("a session after the swap");
+    ((logged_at(open) - logged_at(swapped)) * 1000.0) as u64
+}
+
+fn release_facts(coord: &Coordinator) -> Value {
+    coord.nodes()[0]["facts"]["release"].clone()
+}
+
+/// Waits until the node's release facts satisfy `check`; answers them and how long it took.
+fn wait_release(coord: &Coordinator, check: impl Fn(&Value) -> bool) -> (Value, Duration) {
+    let since = Instant::now();
+    let ok = wait_until(WAIT, || check(&release_facts(coord)));
+    let facts = release_facts(coord);
+    assert!(ok, "the node's release facts stayed {facts:#}");
+    (facts, since.elapsed())
+}
+
+/// The run of `set` finished, and its program left one mark in `marks`: it ran once.
+fn ran_once_and_finished(
+    coord: &Coordinator,
+    machine: &Machine,
+    set: &str,
+    marks: &Path,
+    timeout: Duration,
+) {
+    let finished = wait_until(timeout, || {
+        let out = testkit::ok(coord.command().args(["status", "--set", set, "--json"]));
+        serde_json::from_str::<Value>(&out).unwrap()[0]["state"] == "finished"
+    });
+    assert!(finished, "{}", machine.log_text());
+    assert_eq!(std::fs::read_to_string(marks).unwrap(), "ran\n");
+}
+
+/// This build's binaries, as a release's bundle carries them.
+struct Build {
+    agent: Vec<u8>,
+    supervisor: Vec<u8>,
+}
+
+impl Build {
+    fn read() -> Build {
+        Build {
+            agent: std::fs::read(testkit::bin("fleet-agent")).unwrap(),
+            supervisor: std::fs::read(testkit::bin("fleet-run-supervisor")).unwrap(),
+        }
+    }
+
+    /// Signs release `sequence` (this build's supervisor, and `agent`, else this build's) and
+    /// has the fleet take it in.
+    fn add(&self, coord: &Coordinator, keys: &ReleaseKeys, sequence: u64, agent: Option<&[u8]>) {
+        let release = keys.release(
+            sequence,
+            &[
+                ("fleet-agent", agent.unwrap_or(&self.agent)),
+                ("fleet-run-supervisor", &self.supervisor),
+            ],
+        );
+        testkit::ok(coord.command().args(["release", "add"]).arg(&release));
+    }
+}
+
+/// A serving coordinator whose fleet trusts the root of `keys` (before any token is minted).
+fn fleet_trusting_a_root(dir: &Path) -> (Coordinator, ReleaseKeys) {
+    let coord = Coordinator::start(&dir.join("coord"), &[]);
+    let keys = ReleaseKeys::new(&dir.join("keys"));
+    let trusted = testkit::ok(
+        coord
+            .command()
+            .args(["release", "trust", "--root", &keys.root]),
+    );
+    assert_eq!(trusted.trim(), keys.root);
+    (coord, keys)
+}
+
+fn update(coord: &Coordinator, release: Option<u64>) -> std::process::Output {
+    let mut cmd = coord.command();
+    cmd.args(["update", "--node", "m"]);
+    if let Some(sequence) = release {
+        cmd.args(["--release", &sequence.to_string()]);
+    }
+    testkit::output(&mut cmd)
+}
+
+#[test]
+fn a_good_release_is_kept_and_bad_ones_are_reverted_and_never_tried_again() {
+    let tmp = testkit::tempdir();
+    let dir = tmp.path();
+    let (coord, keys) = fleet_trusting_a_root(dir);
+    let join = coord.token(&["--name", "m"]);
+    assert!(
+        join.contains(&keys.root),
+        "the join file names the roots: {join}"
+    );
+    let machine = Machine::start(&dir.join("m"), &join);
+    assert!(
+        wait_until(WAIT, || machine.log_text().contains("session open")),
+        "{}",
+        machine.log_text()
+    );
+    let (facts, _) = wait_release(&coord, |r| r["sequence"] == 0);
+    assert!(facts.get("update").is_none(), "{facts:#}");
+
+    // A good release: the same agent, as release 5. A run is out while it swaps.
+    let build = Build::read();
+    build.add(&coord, &keys, 5, None);
+    let marks = dir.join("marks");
+    let program = script(
+        &dir.join("p.sh"),
+        &format!("echo ran >> {}; sleep 4", marks.display()),
+    );
+    let set = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--node", "m", "--program"])
+            .arg(&program),
+    );
+    assert!(wait_until(WAIT, || marks.exists()), "the run did not start");
+    let sent = update(&coord, None);
+    let said = String::from_utf8_lossy(&sent.stdout);
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(
+        said.contains("restarts from release 0 into 5 on trial"),
+        "{said}"
+    );
+    let (facts, took) = wait_release(&coord, |r| r["update"]["state"] == "kept");
+    assert_eq!(facts["sequence"], 5, "{facts:#}");
+    assert_eq!(
+        facts["update"],
+        serde_json::json!({ "state": "kept", "from": 0, "to": 5 })
+    );
+    eprintln!(
+        "release 5 kept {} ms after the update was sent; the new agent held a session {} ms after the swap",
+        took.as_millis(),
+        swap_to_session_ms(&machine.log_text())
+    );
+    let current = std::fs::read_link(machine.opt().join("current")).unwrap();
+    assert_eq!(current, Path::new("releases/5"));
+    assert!(
+        std::fs::symlink_metadata(machine.opt().join("fleet-agent"))
+            .unwrap()
+            .is_symlink()
+    );
+    // The run out at the swap was re-adopted and reported once: it ran once and finished.
+    ran_once_and_finished(&coord, &machine, set.trim(), &marks, WAIT);
+
+    // Bad releases, each reverted to 5 within 30 s, named in the facts, and never tried again.
+    // A real agent that cannot reach any coordinator (a network namespace of its own): it
+    // reverts itself, and the release is blamed once the restored agent holds a session.
+    let no_network = format!(
+        "#!/bin/sh\nexec unshare -n {} \"$@\"\n",
+        testkit::bin("fleet-agent").display()
+    );
+    let bad: [(u64, &str, &str); 4] = [
+        (
+            6,
+            "#!/bin/sh\nexit 1\n",
+            "the new agent exited during its trial",
+        ),
+        (
+            7,
+            "#!/bin/sh\nsleep 3\nexit 1\n",
+            "the new agent exited during its trial",
+        ),
+        (
+            8,
+            "#!/bin/sh\nexec sleep 600\n",
+            "the new agent neither kept nor reverted",
+        ),
+        (9, &no_network, "no session within 10 s"),
+    ];
+    for (sequence, agent, reason) in bad {
+        build.add(&coord, &keys, sequence, Some(agent.as_bytes()));
+        let sent = update(&coord, Some(sequence));
+        assert!(
+            sent.status.success(),
+            "{}",
+            String::from_utf8_lossy(&sent.stderr)
+        );
+        let (facts, took) = wait_release(&coord, |r| {
+            r["update"]["state"] == "reverted"
+                && r["update"]["to"] == sequence
+                && r["sequence"] == 5
+        });
+        let said = facts["update"]["reason"].as_str().unwrap();
+        assert!(said.starts_with(reason), "{facts:#}");
+        eprintln!(
+            "release {sequence} reverted {} ms after the update was sent: {said}",
+            took.as_millis()
+        );
+        assert!(
+            took < Duration::from_secs(30),
+            "release {sequence} took {took:?} to revert"
+        );
+        assert_eq!(
+            std::fs::read_link(machine.opt().join("current")).unwrap(),
+            Path::new("releases/5")
+        );
+        let again = update(&coord, Some(sequence));
+        let refused = String::from_utf8_lossy(&again.stderr);
+        assert!(!again.status.success());
+        assert!(
+            refused.contains(&format!(
+                "release {sequence} was reverted on this machine ({reason}"
+            )),
+            "{refused}"
+        );
+        assert!(refused.contains("it is never tried again"), "{refused}");
+    }
+    // The last refusal is in the facts, and so in `nodes`.
+    let (facts, _) = wait_release(&coord, |r| r["update"]["state"] == "refused");
+    assert_eq!(facts["sequence"], 5, "{facts:#}");
+    let text = testkit::ok(coord.command().arg("nodes"));
+    assert!(
+        text.lines().nth(1).unwrap().contains(" 5        refused "),
+        "{text}"
+    );
+}
+
+fn rollout_status(coord: &Coordinator) -> Value {
+    let out = testkit::ok(coord.command().args(["rollout", "status", "--json"]));
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn a_rollout_takes_the_fleet_through_its_stages_and_halts_at_a_bad_canary() {
+    let tmp = testkit::tempdir();
+    let dir = tmp.path();
+    let (coord, keys) = fleet_trusting_a_root(dir);
+    let machines: Vec<Machine> = (0..3)
+        .map(|i| {
+            let join = coord.token(&["--name", &format!("m{i}")]);
+            Machine::start(&dir.join(format!("m{i}")), &join)
+        })
+        .collect();
+    let joined = wait_until(WAIT, || {
+        let nodes = coord.nodes();
+        nodes.len() == 3 && nodes.iter().all(|n| n["facts"]["release"]["sequence"] == 0)
+    });
+    assert!(joined, "{:#?}", coord.nodes());
+    let build = Build::read();
+    build.add(&coord, &keys, 5, None);
+    let start = |release: &str| {
+        testkit::ok(coord.command().args([
+            "rollout",
+            "start",
+            "--release",
+            release,
+            "--canaries",
+            "1",
+            "--waves",
+            "50%,100%",
+            "--wait",
+            "1s",
+            "--halt-at",
+            "10%",
+        ]))
+    };
+    let said = start("5");
+    assert!(said.starts_with("release 5: running at stage 0"), "{said}");
+    let done = wait_until(Duration::from_secs(120), || {
+        rollout_status(&coord)["state"] == "done"
+    });
+    let status = rollout_status(&coord);
+    assert!(done, "{status:#}");
+    let machines_of = |stage: u64| {
+        (status["machines"].as_object().unwrap().values())
+            .filter(|m| m["stage"] == stage)
+            .count()
+    };
+    assert_eq!(
+        (machines_of(0), machines_of(1), machines_of(2)),
+        (1, 1, 1),
+        "{status:#}"
+    );
+    assert!(
+        coord
+            .nodes()
+            .iter()
+            .all(|n| n["facts"]["release"]["sequence"] == 5)
+    );
+
+    // A release whose agent exits at its start: the canary reverts, the rollout halts there.
+    build.add(&coord, &keys, 6, Some(b"#!/bin/sh\nexit 1\n"));
+    let refused = testkit::fails(coord.command().args(["rollout", "resume"]));
+    assert!(
+        refused.contains("the rollout of release 5 is done: it cannot become running"),
+        "{refused}"
+    );
+    start("6");
+    let halted = wait_until(Duration::from_secs(60), || {
+        rollout_status(&coord)["state"] == "halted"
+    });
+    let status = rollout_status(&coord);
+    assert!(halted, "{status:#}");
+    let reason = status["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "1 of 1 machines of the canaries failed (100%, above the 10% allowed); n-"
+        ),
+        "{reason}"
+    );
+    assert!(
+        reason.ends_with("reverted: the new agent exited during its trial"),
+        "{reason}"
+    );
+    // No machine beyond the canary was touched, and all run release 5.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        rollout_status(&coord)["machines"]
+            .as_object()
+            .unwrap()
+            .len(),
+        1
+    );
+    let nodes = coord.nodes();
+    assert!(
+        nodes.iter().all(|n| n["facts"]["release"]["sequence"] == 5),
+        "{nodes:#?}"
+    );
+    let touched = nodes
+        .iter()
+        .filter(|n| n["facts"]["release"]["update"]["to"] == 6)
+        .count();
+    assert_eq!(touched, 1, "{nodes:#?}");
+    let text = testkit::ok(coord.command().args(["rollout", "status"]));
+    assert!(
+        text.contains("halted: 1 of 1 machines of the canaries failed"),
+        "{text}"
+    );
+    testkit::ok(coord.command().args(["rollout", "abort"]));
+    drop(machines);
+}
+
+/// The agent process the stand-in unit runs now (its child), if any.
+fn agent_pid(machine: &Machine) -> Option<u32> {
+    let children = std::fs::read_to_string(format!(
+        "/proc/{pid}/task/{pid}/children",
+        pid = machine.unit.id()
+    ))
+    .ok()?;
+    children.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn sigkill_at_random_moments_of_a_swap_leaves_the_old_or_the_new_agent_and_runs_once() {
+    let tmp = testkit::tempdir();
+    let dir = tmp.path();
+    let (coord, keys) = fleet_trusting_a_root(dir);
+    let machine = Machine::start(&dir.join("m"), &coord.token(&["--name", "m"]));
+    let build = Build::read();
+    let marks = dir.join("marks");
+    let program = script(
+        &dir.join("p.sh"),
+        &format!("echo ran >> {}; sleep 20", marks.display()),
+    );
+    assert!(wait_until(WAIT, || machine
+        .log_text()
+        .contains("session open")));
+    let set = testkit::ok(
+        coord
+            .command()
+            .args(["run", "--node", "m", "--program"])
+            .arg(&program),
+    );
+    assert!(wait_until(WAIT, || marks.exists()), "the run did not start");
+    // Moments spread over the swap: the fetch, the install, the switch, the exec, the trial.
+    let kills = 12u64;
+    for i in 0..kills {
+        let sequence = 10 + i;
+        build.add(&coord, &keys, sequence, None);
+        let before = machine.log_text().matches("session open").count();
+        let mut update = coord.command();
+        update.args(["update", "--node", "m", "--release", &sequence.to_string()]);
+        let sending = update
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(i * 1_500 / kills));
+        if let Some(pid) = agent_pid(&machine) {
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", &pid.to_string()])
+                .status();
+        }
+        drop(sending);
+        // Whatever the moment, the unit's binary is whole and an agent holds a session again.
+        let back = wait_until(WAIT, || {
+            machine.log_text().matches("session open").count() > before
+                && release_facts(&coord)["update"]["state"] != "trial"
+        });
+        assert!(back, "kill {i}: {}", machine.log_text());
+        let unit_binary = std::fs::read(machine.opt().join("fleet-agent")).unwrap();
+        assert_eq!(
+            unit_binary, build.agent,
+            "kill {i}: the unit's binary is not a whole agent"
+        );
+        let facts = release_facts(&coord);
+        eprintln!("kill {i} after {} ms: {facts}", i * 1_500 / kills);
+    }
+    // The run out through all of it ran once, and ends once.
+    ran_once_and_finished(
+        &coord,
+        &machine,
+        set.trim(),
+        &marks,
+        Duration::from_secs(90),
+    );
+}
