@@ -358,3 +358,94 @@ fn a_serving_coordinator_takes_a_release_in_once_its_root_is_trusted_and_only_up
     assert_eq!(text.lines().count(), 3, "{text}");
     assert!(text.lines().nth(2).unwrap().starts_with("9 "), "{text}");
 }
+
+#[test]
+fn a_release_signed_under_the_old_root_rotates_the_fleets_roots_and_a_revoked_key_is_refused() {
+    let tmp = testkit::tempdir();
+    let dir = tmp.path();
+    let coord = testkit::agent::Coordinator::start(&dir.join("coord"), &[]);
+    let (old, new) = (
+        ReleaseKeys::new(&dir.join("old")),
+        ReleaseKeys::new(&dir.join("new")),
+    );
+    let files = |agent: &'static [u8]| {
+        [
+            ("fleet-agent", agent),
+            ("fleet-run-supervisor", b"supervisor".as_slice()),
+        ]
+    };
+    let add = |dist: &Path| {
+        let mut cmd = coord.command();
+        cmd.args(["release", "add"]).arg(dist);
+        cmd
+    };
+    testkit::ok(
+        coord
+            .command()
+            .args(["release", "trust", "--root", &old.root]),
+    );
+    let join: Value = serde_json::from_str(&coord.token(&[])).unwrap();
+    assert_eq!(join["release_roots"], serde_json::json!([old.root]));
+    // Release 7, signed under the old root, names the new root.
+    let rotating = old.release_with(7, &files(b"agent seven"), &["--rotate-root", &new.root]);
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(rotating.join("release.json")).unwrap()).unwrap();
+    assert_eq!(manifest["roots"], serde_json::json!([new.root]));
+    testkit::ok(&mut add(&rotating));
+    // From here on the fleet trusts the new root only: the join file says so, and a release the
+    // old root certified is refused while the new root's is taken in.
+    let join: Value = serde_json::from_str(&coord.token(&[])).unwrap();
+    assert_eq!(join["release_roots"], serde_json::json!([new.root]));
+    let under_old = old.release(8, &files(b"agent eight"));
+    let refused = testkit::fails(&mut add(&under_old));
+    assert!(
+        last_line(&refused).contains(&format!(
+            "the release key is certified by {}, which is not a root of this fleet (it trusts {})",
+            old.root, new.root
+        )),
+        "{refused}"
+    );
+    let under_new = new.release(8, &files(b"agent eight"));
+    testkit::ok(&mut add(&under_new));
+    testkit::ok(coord.command().args(["rollout", "start", "--release", "8"]));
+    // The new release key is revoked by hand: the rollout of its release 8 halts saying why, the
+    // release can no longer be sent or rolled out, and its next release is refused.
+    let revoked = testkit::ok(
+        coord
+            .command()
+            .args(["release", "revoke", "--key", &new.key]),
+    );
+    assert_eq!(revoked.trim(), format!("revoked {}", new.key));
+    let why = format!(
+        "release 8 can no longer be sent: the release key {} is revoked: sign the release with a key the fleet's root certified since",
+        new.key
+    );
+    let halted = testkit::agent::wait_until(std::time::Duration::from_secs(20), || {
+        let status = testkit::ok(coord.command().args(["rollout", "status", "--json"]));
+        let status: Value = serde_json::from_str(&status).unwrap();
+        status["state"] == "halted" && status["reason"] == why.as_str()
+    });
+    assert!(
+        halted,
+        "{}",
+        testkit::ok(coord.command().args(["rollout", "status", "--json"]))
+    );
+    testkit::ok(coord.command().args(["rollout", "abort"]));
+    let line = coord.refusal(&["rollout", "start", "--release", "8"]);
+    assert_eq!(
+        line,
+        format!(
+            "fleet-coordinator: release 8 can no longer be sent: the release key {} is revoked: sign the release with a key the fleet's root certified since",
+            new.key
+        )
+    );
+    let next = new.release(9, &files(b"agent nine"));
+    let refused = testkit::fails(&mut add(&next));
+    assert!(
+        last_line(&refused).ends_with(&format!(
+            "the release key {} is revoked: sign the release with a key the fleet's root certified since",
+            new.key
+        )),
+        "{refused}"
+    );
+}

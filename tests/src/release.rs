@@ -74,6 +74,12 @@ impl ReleaseKeys {
     /// A signed release of `sequence` in `dir/release-SEQUENCE`: its x86_64 bundle holds `files`,
     /// its arm64 bundle stand-ins of the same names.
     pub fn release(&self, sequence: u64, files: &[(&str, &[u8])]) -> PathBuf {
+        self.release_with(sequence, files, &[])
+    }
+
+    /// [`ReleaseKeys::release`] signed with the `release sign` flags `sign` besides
+    /// (`--rotate-root`, `--revoke`).
+    pub fn release_with(&self, sequence: u64, files: &[(&str, &[u8])], sign: &[&str]) -> PathBuf {
         let dist = self.dir.join(format!("release-{sequence}"));
         std::fs::create_dir_all(&dist).unwrap();
         bundle(&dist, "x86_64", files);
@@ -82,17 +88,20 @@ impl ReleaseKeys {
             .map(|(n, _)| (*n, b"arm64".as_slice()))
             .collect();
         bundle(&dist, "arm64", &stand_ins);
-        crate::ok(&mut release(&[
-            "sign",
-            "--key",
-            s(&self.key_file()),
-            "--cert",
-            s(&self.cert_file()),
-            "--dir",
-            s(&dist),
-            "--sequence",
-            &sequence.to_string(),
-        ]));
+        crate::ok(
+            release(&[
+                "sign",
+                "--key",
+                s(&self.key_file()),
+                "--cert",
+                s(&self.cert_file()),
+                "--dir",
+                s(&dist),
+                "--sequence",
+                &sequence.to_string(),
+            ])
+            .args(sign),
+        );
         dist
     }
 }

@@ -176,6 +176,13 @@ pub enum ReleaseCmd {
         #[arg(long, value_parser = fleet_proto::pin::PinnedKey::parse)]
         root: fleet_proto::pin::PinnedKey,
     },
+    /// Revoke a release key: no release it signed is taken in or sent from now on, a rollout of
+    /// one halts, and machines learn it from the next release that names it (`sign --revoke`)
+    Revoke {
+        /// The release key's public key (ed25519:BASE64)
+        #[arg(long, value_parser = fleet_proto::pin::PinnedKey::parse)]
+        key: fleet_proto::pin::PinnedKey,
+    },
     /// Take in the signed release in DIR: its signature is checked under the fleet's roots and
     /// its binaries become content by digest on enough coordinators of the fleet
     Add { dir: PathBuf },
@@ -217,6 +224,13 @@ pub struct ReleaseSignArgs {
     /// How long the signature holds (a stale release cannot be replayed after it)
     #[arg(long, default_value = "90d", value_parser = duration::parse)]
     pub expires_in: Duration,
+    /// Rotate the fleet's roots: from this release on, machines and coordinators trust these
+    /// roots (ed25519:BASE64; repeat for several) in place of the ones they trust now
+    #[arg(long = "rotate-root", value_parser = fleet_proto::pin::PinnedKey::parse)]
+    pub rotate_roots: Vec<fleet_proto::pin::PinnedKey>,
+    /// A release key machines must never trust again (repeat for several)
+    #[arg(long = "revoke", value_parser = fleet_proto::pin::PinnedKey::parse)]
+    pub revoke: Vec<fleet_proto::pin::PinnedKey>,
 }
 
 #[derive(Args)]

@@ -636,6 +636,16 @@ fn release(place: &Place, command: cli::ReleaseCmd) -> Result<()> {
                 println!("{root}");
             }
         }
+        cli::ReleaseCmd::Revoke { key } => {
+            let operator::Answer::Trust(trust) =
+                operate(place, operator::Request::RevokeReleaseKey { key })?
+            else {
+                return Err(mismatch("release revoke"));
+            };
+            for key in trust.revoked {
+                println!("revoked {key}");
+            }
+        }
         cli::ReleaseCmd::Add { dir } => {
             let offered = release::offer(&dir, &coordinator::blobs(&place.data))?;
             let operator::Answer::Release(taken) =
@@ -700,6 +710,8 @@ fn release(place: &Place, command: cli::ReleaseCmd) -> Result<()> {
                 sequence: s.sequence,
                 min_sequence: s.min_sequence,
                 expires_at_ms: fleet_proto::clock::now_ms() + s.expires_in.as_millis() as u64,
+                roots: s.rotate_roots,
+                revoked_keys: s.revoke,
             };
             let manifest = release::sign(&request)?;
             eprintln!(

@@ -72,6 +72,10 @@ pub enum Request {
     TrustRoot {
         root: fleet_proto::pin::PinnedKey,
     },
+    /// `release revoke --key KEY`.
+    RevokeReleaseKey {
+        key: fleet_proto::pin::PinnedKey,
+    },
     /// `release list`.
     Releases,
     /// `update --node N [--release SEQUENCE]`.
@@ -121,6 +125,8 @@ pub enum Answer {
     },
     /// The roots a release may be certified by.
     Roots(Vec<fleet_proto::pin::PinnedKey>),
+    /// The roots and the revoked release keys.
+    Trust(fleet_proto::release::ReleaseTrust),
     Releases(Vec<crate::store::ReleaseRecord>),
     Release(crate::release::TakenRelease),
     Updating(crate::release::UpdateSent),
@@ -241,6 +247,9 @@ fn answer(
         Request::Forget { node } => coordinator.forget(&node).map(|n| Answer::Node(Box::new(n))),
         Request::TrustRoot { root } => (coordinator.store().trust_release_root(&root))
             .map(Answer::Roots)
+            .map_err(CoordinatorError::from),
+        Request::RevokeReleaseKey { key } => (coordinator.store().revoke_release_key(&key))
+            .map(Answer::Trust)
             .map_err(CoordinatorError::from),
         Request::StartRollout(plan) => coordinator
             .start_rollout(plan)

@@ -7,8 +7,8 @@ use crate::bundles::bundle_path;
 use fleet_proto::Digest;
 use fleet_proto::pin::PinnedKey;
 use fleet_proto::release::{
-    CertifiedKey, ReleaseBinary, ReleaseManifest, ReleaseOffer, ReleaseSignature, SigningKey,
-    verify,
+    CertifiedKey, ReleaseBinary, ReleaseManifest, ReleaseOffer, ReleaseSignature, ReleaseTrust,
+    SigningKey, verify,
 };
 use sha2::{Digest as _, Sha256};
 use std::io::Read;
@@ -27,6 +27,14 @@ pub const BUNDLE_TARGETS: &[(&str, &str)] = &[
 
 fn refused(line: String) -> CoordinatorError {
     CoordinatorError::Request(line)
+}
+
+/// A store's refusal of a read (a release that cannot be sent) as the operator's one line.
+pub(crate) fn refusal_as_request(e: crate::store::StoreError) -> CoordinatorError {
+    match e {
+        crate::store::StoreError::Refused(line) => CoordinatorError::Request(line),
+        e => e.into(),
+    }
 }
 
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, CoordinatorError> {
@@ -82,6 +90,9 @@ pub struct SignRequest {
     pub sequence: u64,
     pub min_sequence: Option<u64>,
     pub expires_at_ms: u64,
+    /// The fleet's roots from this release on (a rotation); empty: unchanged.
+    pub roots: Vec<PinnedKey>,
+    pub revoked_keys: Vec<PinnedKey>,
 }
 
 /// Signs the release in `request.dir`: its manifest over the binaries of both bundles, and the
@@ -101,6 +112,8 @@ pub fn sign(request: &SignRequest) -> Result<ReleaseManifest, CoordinatorError> 
         min_sequence: request.min_sequence.unwrap_or(0),
         expires_at_ms: request.expires_at_ms,
         binaries: binaries_in(&request.dir)?,
+        roots: request.roots.clone(),
+        revoked_keys: request.revoked_keys.clone(),
     };
     if manifest.min_sequence > manifest.sequence {
         return Err(refused(format!(
@@ -112,8 +125,8 @@ pub fn sign(request: &SignRequest) -> Result<ReleaseManifest, CoordinatorError> 
     let signature = key.sign_manifest(&bytes, &certified);
     let signature_text = serde_json::to_vec_pretty(&signature).expect("a signature serializes");
     // A signature that does not verify under its own certificate is a wrong key or certificate.
-    let root = certificate_root(&certified)?;
-    verify(&bytes, &signature, &[root], 0).map_err(|e| {
+    let root = (certified.read()).map_err(|e| refused(e.to_string()))?.root;
+    verify(&bytes, &signature, &ReleaseTrust::of_roots(vec![root]), 0).map_err(|e| {
         refused(format!(
             "the key {} does not go with the certificate {}: {e}",
             request.key.display(),
@@ -123,16 +136,6 @@ pub fn sign(request: &SignRequest) -> Result<ReleaseManifest, CoordinatorError> 
     write(&request.dir.join(MANIFEST_FILE), &bytes, false)?;
     write(&request.dir.join(SIGNATURE_FILE), &signature_text, false)?;
     Ok(manifest)
-}
-
-fn certificate_root(certified: &CertifiedKey) -> Result<PinnedKey, CoordinatorError> {
-    use base64::Engine;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(&certified.certificate)
-        .map_err(|e| refused(format!("the certificate is not base64: {e}")))?;
-    let certificate: fleet_proto::release::KeyCertificate = serde_json::from_slice(&bytes)
-        .map_err(|e| refused(format!("the certificate is malformed: {e}")))?;
-    Ok(certificate.root)
 }
 
 /// Checks the release in `dir` as an agent would: its signature chain under `roots`, its expiry at
@@ -152,7 +155,8 @@ pub fn verify_dir(
                 ))
             },
         )?;
-    let read = verify(&manifest, &signature, roots, now_ms).map_err(|e| refused(e.to_string()))?;
+    let trust = ReleaseTrust::of_roots(roots.to_vec());
+    let read = verify(&manifest, &signature, &trust, now_ms).map_err(|e| refused(e.to_string()))?;
     let held = binaries_in(dir)?;
     for want in &read.binaries {
         let got = held
@@ -261,14 +265,14 @@ impl crate::Coordinator {
         offered: ReleaseOffer,
         spread: bool,
     ) -> Result<TakenRelease, CoordinatorError> {
-        let roots = self.with_store(|store| store.release_roots()).await?;
-        if roots.is_empty() {
+        let trust = self.with_store(|store| store.release_trust()).await?;
+        if trust.roots.is_empty() {
             return Err(refused(
                 "this fleet trusts no release root yet: run `fleet-coordinator release trust --root ed25519:...` with the root's public key first".into(),
             ));
         }
         let now = fleet_proto::clock::now_ms();
-        let manifest = (offered.verify(&roots, now)).map_err(|e| refused(e.to_string()))?;
+        let manifest = (offered.verify(&trust, now)).map_err(|e| refused(e.to_string()))?;
         let missing = (manifest.binaries.iter()).find(|b| !self.blobs().has(&b.sha256));
         if let Some(b) = missing {
             return Err(refused(format!(
@@ -312,21 +316,10 @@ impl crate::Coordinator {
         wanted: &str,
         sequence: Option<u64>,
     ) -> Result<UpdateSent, CoordinatorError> {
-        let releases = self.with_store(|store| store.releases()).await?;
-        let release = match sequence {
-            Some(s) => releases.iter().find(|r| r.manifest_read.sequence == s),
-            None => releases.iter().max_by_key(|r| r.manifest_read.sequence),
-        }
-        .ok_or_else(|| {
-            refused(match sequence {
-                Some(s) => format!(
-                    "no release of sequence {s} was taken in: see `fleet-coordinator release list`"
-                ),
-                None => {
-                    "no release was taken in: run `fleet-coordinator release add DIR` first".into()
-                }
-            })
-        })?;
+        let now = fleet_proto::clock::now_ms();
+        let release = (self.with_store(move |store| store.sendable_release(sequence, now)))
+            .await
+            .map_err(refusal_as_request)?;
         let node = self.find_node(wanted)?;
         match node.protocol {
             Some(crate::store::NodeProtocol::Speaks { version })

@@ -277,16 +277,8 @@ impl Coordinator {
                 plan.waves
             )));
         }
-        let releases = self.store().releases()?;
-        if !releases
-            .iter()
-            .any(|r| r.manifest_read.sequence == plan.release)
-        {
-            return Err(bad(format!(
-                "no release of sequence {} was taken in: see `fleet-coordinator release list`",
-                plan.release
-            )));
-        }
+        (self.store().sendable_release(Some(plan.release), now_ms()))
+            .map_err(crate::release::refusal_as_request)?;
         let started = self.store().change_fleet_value(FleetEntry::Rollout, |current: Option<Rollout>| {
             if let Some(r) = &current
                 && matches!(r.state, RolloutState::Running | RolloutState::Paused)
@@ -358,13 +350,54 @@ impl Coordinator {
         Ok(changed)
     }
 
+    /// Halts the rollout of `release`, if it still runs or is done, for `reason`.
+    fn halt_rollout(&self, release: u64, reason: String) -> Result<(), CoordinatorError> {
+        tracing::warn!("the rollout of release {release} halts: {reason}");
+        self.store()
+            .change_fleet_value(FleetEntry::Rollout, |current: Option<Rollout>| {
+                let Some(mut r) = current else {
+                    return Ok((None, ()));
+                };
+                if r.plan.release != release
+                    || !matches!(r.state, RolloutState::Running | RolloutState::Done)
+                {
+                    return Ok((None, ()));
+                }
+                r.state = RolloutState::Halted {
+                    reason: reason.clone(),
+                };
+                Ok((Some(r), ()))
+            })?;
+        Ok(())
+    }
+
     /// One step of the rollout controller (blocking): reads the fleet and steps the rollout in
     /// one transaction; answers the release and the machines this step assigned, to be sent it.
-    pub fn step_rollout(&self) -> Result<Option<(u64, Vec<String>)>, CoordinatorError> {
+    /// A done rollout is stepped only when `done_too` (it can only reach machines that came since).
+    pub fn step_rollout(
+        &self,
+        done_too: bool,
+    ) -> Result<Option<(u64, Vec<String>)>, CoordinatorError> {
         let Some(rollout) = self.rollout()? else {
             return Ok(None);
         };
         if !matches!(rollout.state, RolloutState::Running | RolloutState::Done) {
+            return Ok(None);
+        }
+        let now = now_ms();
+        match self
+            .store()
+            .sendable_release(Some(rollout.plan.release), now)
+        {
+            Ok(_) => {}
+            // Its key revoked, its root rotated away or its manifest expired: it halts, saying so.
+            Err(crate::store::StoreError::Refused(reason)) => {
+                self.halt_rollout(rollout.plan.release, reason)?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if rollout.state == RolloutState::Done && !done_too {
             return Ok(None);
         }
         let selector = match &rollout.plan.selector {
@@ -372,7 +405,6 @@ impl Coordinator {
             None => None,
         };
         let nodes = self.nodes_matching(&Default::default())?;
-        let now = now_ms();
         let send =
             self.store()
                 .change_fleet_value(FleetEntry::Rollout, |current: Option<Rollout>| {

@@ -32,6 +32,48 @@ pub struct ReleaseManifest {
     /// Past this time (Unix ms) the manifest is refused: a stale release cannot be replayed.
     pub expires_at_ms: u64,
     pub binaries: Vec<ReleaseBinary>,
+    /// The fleet's roots from this release on, when it rotates them: signed under a root trusted
+    /// now, so a machine learns the new roots from the old. Empty: the roots stay.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roots: Vec<PinnedKey>,
+    /// Release keys never to be trusted again, whatever root certified them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revoked_keys: Vec<PinnedKey>,
+}
+
+/// What a checker trusts: the fleet's roots, and the release keys revoked under them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseTrust {
+    pub roots: Vec<PinnedKey>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revoked: Vec<PinnedKey>,
+}
+
+impl ReleaseTrust {
+    pub fn of_roots(roots: Vec<PinnedKey>) -> ReleaseTrust {
+        ReleaseTrust {
+            roots,
+            revoked: Vec::new(),
+        }
+    }
+
+    /// The trust once `manifest` (verified under this one) is taken: its roots in place of these
+    /// when it names any, and its revoked keys added to these (a revocation is never undone).
+    pub fn after(&self, manifest: &ReleaseManifest) -> ReleaseTrust {
+        let mut revoked = self.revoked.clone();
+        for key in &manifest.revoked_keys {
+            if !revoked.contains(key) {
+                revoked.push(key.clone());
+            }
+        }
+        ReleaseTrust {
+            roots: match manifest.roots.is_empty() {
+                true => self.roots.clone(),
+                false => manifest.roots.clone(),
+            },
+            revoked,
+        }
+    }
 }
 
 /// One binary of a release, for one target.
@@ -60,6 +102,17 @@ pub struct KeyCertificate {
 pub struct CertifiedKey {
     pub certificate: String,
     pub certificate_signature: String,
+}
+
+impl CertifiedKey {
+    /// The certificate read without any check: which key and root it names.
+    pub fn read(&self) -> Result<KeyCertificate, ReleaseRefusal> {
+        let bytes = B64.decode(&self.certificate).map_err(|e| {
+            ReleaseRefusal::Malformed(format!("the certificate is not base64: {e}"))
+        })?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ReleaseRefusal::Malformed(format!("the certificate: {e}")))
+    }
 }
 
 /// The signature file beside a manifest (`release.sig`): the release key's certificate and the
@@ -93,13 +146,18 @@ impl ReleaseOffer {
     /// Checks it as [`verify`] does, and answers the manifest.
     pub fn verify(
         &self,
-        roots: &[PinnedKey],
+        trust: &ReleaseTrust,
         now_ms: u64,
     ) -> Result<ReleaseManifest, ReleaseRefusal> {
         let bytes = B64
             .decode(&self.manifest)
             .map_err(|e| ReleaseRefusal::Malformed(format!("the manifest is not base64: {e}")))?;
-        verify(&bytes, &self.signature, roots, now_ms)
+        verify(&bytes, &self.signature, trust, now_ms)
+    }
+
+    /// The release key that signed it, as its certificate names it.
+    pub fn signed_by(&self) -> Result<PinnedKey, ReleaseRefusal> {
+        Ok(self.signature.certified.read()?.key)
     }
 }
 
@@ -152,6 +210,10 @@ pub enum ReleaseRefusal {
     BadCertificate { root: PinnedKey },
     #[error("the manifest's signature does not verify under the release key {key}")]
     BadSignature { key: PinnedKey },
+    #[error(
+        "the release key {key} is revoked: sign the release with a key the fleet's root certified since"
+    )]
+    RevokedKey { key: PinnedKey },
     #[error(
         "the manifest expired at {expired_at_ms} ms since the epoch (now {now_ms}): sign it again"
     )]
@@ -274,7 +336,7 @@ fn verifies(key: &PinnedKey, context: &[u8], bytes: &[u8], signature: &str) -> b
 pub fn verify(
     manifest: &[u8],
     signature: &ReleaseSignature,
-    roots: &[PinnedKey],
+    trust: &ReleaseTrust,
     now_ms: u64,
 ) -> Result<ReleaseManifest, ReleaseRefusal> {
     let malformed =
@@ -284,8 +346,8 @@ pub fn verify(
         .map_err(|e| malformed("the certificate is not base64", &e))?;
     let certificate: KeyCertificate =
         serde_json::from_slice(&certificate_bytes).map_err(|e| malformed("the certificate", &e))?;
-    if !roots.contains(&certificate.root) {
-        let trusted: Vec<String> = roots.iter().map(|r| r.to_string()).collect();
+    if !trust.roots.contains(&certificate.root) {
+        let trusted: Vec<String> = trust.roots.iter().map(|r| r.to_string()).collect();
         return Err(ReleaseRefusal::UnknownRoot {
             root: certificate.root,
             trusted: match trusted.is_empty() {
@@ -303,6 +365,11 @@ pub fn verify(
     if !certified {
         return Err(ReleaseRefusal::BadCertificate {
             root: certificate.root,
+        });
+    }
+    if trust.revoked.contains(&certificate.key) {
+        return Err(ReleaseRefusal::RevokedKey {
+            key: certificate.key,
         });
     }
     if !verifies(
@@ -327,6 +394,12 @@ pub fn verify(
         return Err(ReleaseRefusal::Malformed(format!(
             "its lowest sequence to go back to, {}, is above its own, {}",
             read.min_sequence, read.sequence
+        )));
+    }
+    if read.revoked_keys.contains(&certificate.key) {
+        return Err(ReleaseRefusal::Malformed(format!(
+            "it revokes {}, the key that signed it",
+            certificate.key
         )));
     }
     Ok(read)
@@ -385,6 +458,14 @@ mod tests {
     }
 
     fn manifest(sequence: u64) -> Vec<u8> {
+        manifest_trusting(sequence, vec![], vec![])
+    }
+
+    fn manifest_trusting(
+        sequence: u64,
+        roots: Vec<PinnedKey>,
+        revoked_keys: Vec<PinnedKey>,
+    ) -> Vec<u8> {
         serde_json::to_vec(&ReleaseManifest {
             version: "0.2.0".into(),
             sequence,
@@ -396,6 +477,8 @@ mod tests {
                 sha256: digest("ab"),
                 size: 7,
             }],
+            roots,
+            revoked_keys,
         })
         .unwrap()
     }
@@ -421,7 +504,13 @@ mod tests {
     fn a_release_signed_under_a_trusted_root_verifies_and_gives_its_binary() {
         let keys = keys();
         let bytes = manifest(5);
-        let read = verify(&bytes, &signed(&keys, &bytes), &[keys.root.public()], NOW).unwrap();
+        let read = verify(
+            &bytes,
+            &signed(&keys, &bytes),
+            &ReleaseTrust::of_roots(vec![keys.root.public()]),
+            NOW,
+        )
+        .unwrap();
         let binary = read.binary_for("fleet-agent", TARGET, 4).unwrap();
         binary.check(&digest("ab"), 7).unwrap();
         let refused = binary.check(&digest("cd"), 7).unwrap_err().to_string();
@@ -436,7 +525,7 @@ mod tests {
             root: keys.root,
             release: SigningKey::generate().unwrap().0,
         };
-        let roots = [rotated.root.public()];
+        let roots = ReleaseTrust::of_roots(vec![rotated.root.public()]);
         verify(&bytes, &signed(&rotated, &bytes), &roots, NOW).unwrap();
     }
 
@@ -445,7 +534,7 @@ mod tests {
         let keys = keys();
         let bytes = manifest(5);
         let good = signed(&keys, &bytes);
-        let roots = [keys.root.public()];
+        let roots = ReleaseTrust::of_roots(vec![keys.root.public()]);
         // Signed under a root this fleet does not trust.
         let stranger = keys_with_root(SigningKey::generate().unwrap().0);
         let refused = verify(&bytes, &signed(&stranger, &bytes), &roots, NOW).unwrap_err();
@@ -508,6 +597,54 @@ mod tests {
         assert_eq!(
             refused.to_string(),
             "the release has no fleet-agent for aarch64-unknown-linux-musl"
+        );
+    }
+
+    #[test]
+    fn a_release_rotates_the_roots_and_revokes_keys_for_what_comes_after_it() {
+        let old = keys();
+        let new_root = SigningKey::generate().unwrap().0;
+        let trust = ReleaseTrust::of_roots(vec![old.root.public()]);
+        // Signed under the old root, naming the new one and revoking the old release key.
+        let rotating = manifest_trusting(5, vec![new_root.public()], vec![]);
+        let read = verify(&rotating, &signed(&old, &rotating), &trust, NOW).unwrap();
+        let after = trust.after(&read);
+        assert_eq!(after.roots, vec![new_root.public()]);
+        let next = manifest(6);
+        let refused = verify(&next, &signed(&old, &next), &after, NOW).unwrap_err();
+        assert!(
+            matches!(refused, ReleaseRefusal::UnknownRoot { .. }),
+            "{refused}"
+        );
+        let under_new = keys_with_root(new_root);
+        verify(&next, &signed(&under_new, &next), &after, NOW).unwrap();
+        // A revocation: the revoked key is refused by name, whatever root certified it.
+        let revoking = manifest_trusting(7, vec![], vec![old.release.public()]);
+        let read = verify(&revoking, &signed(&under_new, &revoking), &after, NOW).unwrap();
+        let revoked = after.after(&read);
+        assert_eq!(revoked.roots, after.roots, "no roots named: the roots stay");
+        // A release cannot revoke the key that signed it.
+        let self_revoking = manifest_trusting(8, vec![], vec![under_new.release.public()]);
+        let signature = signed(&under_new, &self_revoking);
+        let refused = verify(&self_revoking, &signature, &after, NOW).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "the release is malformed: it revokes {}, the key that signed it",
+                under_new.release.public()
+            )
+        );
+        let stolen = Keys {
+            root: under_new.root,
+            release: old.release,
+        };
+        let refused = verify(&next, &signed(&stolen, &next), &revoked, NOW).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "the release key {} is revoked: sign the release with a key the fleet's root certified since",
+                stolen.release.public()
+            )
         );
     }
 

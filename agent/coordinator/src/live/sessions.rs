@@ -71,6 +71,9 @@ pub(crate) struct Sessions {
     by_node: Guarded<HashMap<NodeId, SessionHandle>>,
     /// Whether `serve` takes new sessions now: from its first accept until its drain.
     accepting: std::sync::atomic::AtomicBool,
+    /// Sessions opened here since the start: a step that only new sessions can change (a done
+    /// rollout) is taken only when this moved.
+    opened: std::sync::atomic::AtomicU64,
 }
 
 /// A session's place in [`Sessions`], given up when dropped, whichever way the session ended,
@@ -95,11 +98,17 @@ impl Sessions {
     pub(crate) fn register(&self, node_id: &NodeId, handle: SessionHandle) -> Registered<'_> {
         let generation = handle.generation;
         self.by_node.lock().insert(node_id.clone(), handle);
+        (self.opened).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Registered {
             sessions: self,
             node_id: node_id.clone(),
             generation,
         }
+    }
+
+    /// How many sessions were opened here since the start.
+    pub(crate) fn opened(&self) -> u64 {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wakes the sessions held here of the nodes named; the others are not this coordinator's.

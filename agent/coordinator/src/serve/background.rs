@@ -265,14 +265,23 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
     }
 }
 
-/// The rollout controller: a step a second while a rollout runs (or is done and machines that
-/// came later still need the release).
+/// The rollout controller: a step a second while a rollout runs. Once it is done, only machines
+/// that came later need the release: it steps when a session opened here since its last step,
+/// and every [`DONE_ROLLOUT_LOOK`] for those a drain's end made ready, not reading the fleet
+/// every second for nothing.
 async fn drive_rollout_forever(coordinator: Arc<Coordinator>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut done_step: Option<(u64, tokio::time::Instant)> = None;
     loop {
         tick.tick().await;
+        let opened = coordinator.sessions().opened();
+        let done_too =
+            done_step.is_none_or(|(seen, at)| seen != opened || at.elapsed() >= DONE_ROLLOUT_LOOK);
+        if done_too {
+            done_step = Some((opened, tokio::time::Instant::now()));
+        }
         let stepping = coordinator.clone();
-        let stepped = tokio::task::spawn_blocking(move || stepping.step_rollout()).await;
+        let stepped = tokio::task::spawn_blocking(move || stepping.step_rollout(done_too)).await;
         let sent = match stepped {
             Ok(Ok(Some((release, nodes)))) if !nodes.is_empty() => {
                 coordinator.send_rollout(release, nodes).await
@@ -284,7 +293,11 @@ async fn drive_rollout_forever(coordinator: Arc<Coordinator>) {
             ))),
         };
         if let Err(e) = sent {
+            done_step = None;
             tracing::warn!("the rollout step failed (tried again in a second): {e}");
         }
     }
 }
+
+/// How often a done rollout looks at the whole fleet when no session opened here meanwhile.
+const DONE_ROLLOUT_LOOK: Duration = Duration::from_secs(30);

@@ -897,6 +897,8 @@ fn release(sequence: u64, binary: &[u8]) -> super::ReleaseRecord {
             sha256: digest(binary),
             size: binary.len() as u64,
         }],
+        roots: vec![],
+        revoked_keys: vec![],
     };
     super::ReleaseRecord {
         manifest: format!("manifest-{sequence}"),
@@ -913,7 +915,8 @@ fn release(sequence: u64, binary: &[u8]) -> super::ReleaseRecord {
 }
 
 /// Roots are trusted once each; a release's sequence is above every one's before it (the same
-/// release again changes nothing), and the binaries of every release taken in are kept.
+/// release again changes nothing), and the binaries of every release taken in are kept. A
+/// release that names roots rotates them, and its revoked keys join those revoked by hand.
 pub fn releases_only_go_up_and_their_binaries_are_kept(blank: Blank) {
     let store = open(blank, KEEP_FINAL_RUNS);
     let root =
@@ -928,7 +931,7 @@ pub fn releases_only_go_up_and_their_binaries_are_kept(blank: Blank) {
     assert_eq!(store.add_release(&seven).unwrap(), super::ReleaseAdded::New);
     assert_eq!(
         store.add_release(&seven).unwrap(),
-        super::ReleaseAdded::Already(seven.clone())
+        super::ReleaseAdded::Already(Box::new(seven.clone()))
     );
     let refused = store.add_release(&release(6, b"agent 6")).unwrap_err();
     assert_eq!(
@@ -939,6 +942,21 @@ pub fn releases_only_go_up_and_their_binaries_are_kept(blank: Blank) {
     let kept = store.referenced_content().unwrap();
     assert!(kept.contains(&digest(b"agent 5")) && kept.contains(&digest(b"agent 7")));
     assert!(!kept.contains(&digest(b"agent 6")));
+    let key = |c: &str| {
+        fleet_proto::pin::PinnedKey::parse(&format!("ed25519:{}", c.repeat(42) + "A=")).unwrap()
+    };
+    let by_hand = store.revoke_release_key(&key("B")).unwrap();
+    assert_eq!(by_hand.revoked, [key("B")]);
+    let mut rotating = release(8, b"agent 8");
+    rotating.manifest_read.roots = vec![key("C")];
+    rotating.manifest_read.revoked_keys = vec![key("D"), key("B")];
+    assert_eq!(
+        store.add_release(&rotating).unwrap(),
+        super::ReleaseAdded::New
+    );
+    let trust = store.release_trust().unwrap();
+    assert_eq!(trust.roots, [key("C")]);
+    assert_eq!(trust.revoked, [key("B"), key("D")]);
 }
 
 /// The first coordinator's key becomes the fleet's; a later one learns it and changes nothing.

@@ -507,6 +507,9 @@ pub enum FleetEntry {
     ReleaseRoots,
     /// The releases taken in (a JSON list of [`ReleaseRecord`]).
     Releases,
+    /// Release keys revoked (a JSON list of `ed25519:...`): a release they signed is neither
+    /// taken in nor sent.
+    RevokedReleaseKeys,
     /// The fleet's rollout, the one being driven or the last one (`crate::rollout::Rollout`).
     Rollout,
 }
@@ -517,6 +520,7 @@ impl FleetEntry {
             FleetEntry::PublicKey => "public_key",
             FleetEntry::ReleaseRoots => "release_roots",
             FleetEntry::Releases => "releases",
+            FleetEntry::RevokedReleaseKeys => "revoked_release_keys",
             FleetEntry::Rollout => "rollout",
         }
     }

@@ -9,6 +9,7 @@ use fleet_proto::clock::now_ms;
 use fleet_proto::facts::Facts;
 use fleet_proto::pin::PinnedKey;
 use fleet_proto::protocol::NodeEnd;
+use fleet_proto::release::ReleaseTrust;
 use fleet_proto::run::{Outcome, RunState};
 use fleet_proto::version::{Incompatible, ProtocolVersion};
 use fleet_proto::{NodeId, RunId};
@@ -407,6 +408,54 @@ impl Store {
         self.read(|tx| release_roots_in(tx))
     }
 
+    /// The roots a release must be certified by and the release keys revoked.
+    pub fn release_trust(&self) -> StoreResult<ReleaseTrust> {
+        self.read(|tx| release_trust_in(tx))
+    }
+
+    /// Revokes the release key `key` (once): no release it signed is taken in or sent from now on.
+    pub fn revoke_release_key(&self, key: &PinnedKey) -> StoreResult<ReleaseTrust> {
+        self.write(|tx| {
+            let mut trust = release_trust_in(tx)?;
+            if !trust.revoked.contains(key) {
+                trust.revoked.push(key.clone());
+                tx.set_fleet_entry(FleetEntry::RevokedReleaseKeys, &text_of(&trust.revoked))?;
+            }
+            Ok(trust)
+        })
+    }
+
+    /// The release of `sequence` (the newest taken in when None) as the fleet may still send it:
+    /// checked again under today's trust at `now_ms`, so a revoked key, a root rotated away or
+    /// an expiry stops it here with the reason.
+    pub fn sendable_release(
+        &self,
+        sequence: Option<u64>,
+        now_ms: u64,
+    ) -> StoreResult<ReleaseRecord> {
+        self.read(|tx| {
+            let releases = releases_in(tx)?;
+            let found = match sequence {
+                Some(s) => releases.into_iter().find(|r| r.manifest_read.sequence == s),
+                None => releases.into_iter().max_by_key(|r| r.manifest_read.sequence),
+            };
+            let release = found.ok_or_else(|| StoreError::Refused(match sequence {
+                Some(s) => format!(
+                    "no release of sequence {s} was taken in: see `fleet-coordinator release list`"
+                ),
+                None => "no release was taken in: run `fleet-coordinator release add DIR` first".into(),
+            }))?;
+            let trust = release_trust_in(tx)?;
+            if let Err(refusal) = release.offer().verify(&trust, now_ms) {
+                return Err(StoreError::Refused(format!(
+                    "release {} can no longer be sent: {refusal}",
+                    release.manifest_read.sequence
+                )));
+            }
+            Ok(release)
+        })
+    }
+
     /// Adds `root` to the keys a release may be certified by (once); answers them all.
     pub fn trust_release_root(&self, root: &PinnedKey) -> StoreResult<Vec<PinnedKey>> {
         self.write(|tx| {
@@ -459,7 +508,7 @@ impl Store {
             let mut releases = releases_in(tx)?;
             let sequence = release.manifest_read.sequence;
             if let Some(same) = releases.iter().find(|r| r.manifest == release.manifest) {
-                return Ok(ReleaseAdded::Already(same.clone()));
+                return Ok(ReleaseAdded::Already(Box::new(same.clone())));
             }
             if let Some(newest) = releases.iter().map(|r| &r.manifest_read).max_by_key(|m| m.sequence)
                 && newest.sequence >= sequence
@@ -471,6 +520,15 @@ impl Store {
             }
             releases.push(release.clone());
             tx.set_fleet_entry(FleetEntry::Releases, &text_of(&releases))?;
+            // A release that rotates the roots or revokes keys changes what the fleet trusts.
+            let trust = release_trust_in(tx)?;
+            let after = trust.after(&release.manifest_read);
+            if after.roots != trust.roots {
+                tx.set_fleet_entry(FleetEntry::ReleaseRoots, &text_of(&after.roots))?;
+            }
+            if after.revoked != trust.revoked {
+                tx.set_fleet_entry(FleetEntry::RevokedReleaseKeys, &text_of(&after.revoked))?;
+            }
             Ok(ReleaseAdded::New)
         })
     }
@@ -1245,7 +1303,7 @@ fn prune(tx: &mut dyn WriteTx, id: &RunId) -> StoreResult<()> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseAdded {
     New,
-    Already(ReleaseRecord),
+    Already(Box<ReleaseRecord>),
 }
 
 fn text_of<T: serde::Serialize>(value: &T) -> String {
@@ -1266,6 +1324,13 @@ fn fleet_json<T: serde::de::DeserializeOwned + Default>(
 
 fn release_roots_in(tx: &dyn ReadTx) -> StoreResult<Vec<PinnedKey>> {
     fleet_json(tx, FleetEntry::ReleaseRoots)
+}
+
+fn release_trust_in(tx: &dyn ReadTx) -> StoreResult<ReleaseTrust> {
+    Ok(ReleaseTrust {
+        roots: release_roots_in(tx)?,
+        revoked: fleet_json(tx, FleetEntry::RevokedReleaseKeys)?,
+    })
 }
 
 fn releases_in(tx: &dyn ReadTx) -> StoreResult<Vec<ReleaseRecord>> {

@@ -22,7 +22,7 @@ use fleet_proto::Digest;
 use fleet_proto::clock::now_ms;
 use fleet_proto::pin::PinnedKey;
 use fleet_proto::protocol::{Answer, Refusal, RefusalClass, Reply};
-use fleet_proto::release::{ReleaseFacts, ReleaseOffer, UpdateOutcome};
+use fleet_proto::release::{ReleaseFacts, ReleaseOffer, ReleaseTrust, UpdateOutcome};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +43,7 @@ const WATCH_GRACE: Duration = Duration::from_secs(3);
 pub struct Releases {
     pub install: Install,
     pub state: PathBuf,
+    /// The join file's roots: trusted until a signed release rotates them (see [`ReleaseRecord::trust`]).
     pub roots: Vec<PinnedKey>,
     pub trial: Duration,
     /// The release this process was started as: an answer recorded for an update it already
@@ -76,6 +77,12 @@ impl Releases {
         }
     }
 
+    /// What this machine trusts now: what the last release that changed it said, or the join
+    /// file's roots.
+    pub fn trust(&self, record: &ReleaseRecord) -> ReleaseTrust {
+        (record.trust.clone()).unwrap_or_else(|| ReleaseTrust::of_roots(self.roots.clone()))
+    }
+
     /// Takes a release (blocking): checks it, fetches and installs its binaries, records the
     /// trial, starts the watchdog and switches; the caller answers, then calls [`Releases::exec`].
     /// A refusal is recorded too, so the coordinator reads it in the facts.
@@ -87,9 +94,7 @@ impl Releases {
         let mut record = ReleaseRecord::load(&self.state).map_err(refused)?;
         let answer = self.install_and_switch(&mut record, offer, fetch);
         if let Err(refusal) = &answer {
-            let sequence = offer
-                .verify(&self.roots, now_ms())
-                .map_or(0, |m| m.sequence);
+            let sequence = (offer.verify(&self.trust(&record), now_ms())).map_or(0, |m| m.sequence);
             tracing::warn!("refused a release: {}", refusal.message);
             record.last = Some(UpdateOutcome::Refused {
                 sequence,
@@ -108,12 +113,13 @@ impl Releases {
         offer: &ReleaseOffer,
         fetch: &dyn Fn(&Digest) -> Result<PathBuf, Refusal>,
     ) -> Answer {
-        if self.roots.is_empty() {
+        let trust = self.trust(record);
+        if trust.roots.is_empty() {
             return Err(refused(
                 "this machine trusts no release root (its join file named none): join it with a token minted after `fleet-coordinator release trust`",
             ));
         }
-        let manifest = offer.verify(&self.roots, now_ms()).map_err(refused)?;
+        let manifest = offer.verify(&trust, now_ms()).map_err(refused)?;
         let to = manifest.sequence;
         if let Some(reason) = record.never.get(&to) {
             return Err(refused(format!(
@@ -144,6 +150,12 @@ impl Releases {
             min_sequence: manifest.min_sequence,
         });
         record.last = Some(UpdateOutcome::Trial { from, to });
+        // A rotation or revocation holds from here on, whatever becomes of the release itself.
+        let after = trust.after(&manifest);
+        if after != trust {
+            tracing::info!(roots = ?after.roots, revoked = ?after.revoked, "release {to} changed the keys this machine trusts");
+            record.trust = Some(after);
+        }
         record
             .save(&self.state)
             .map_err(|e| failed("recording the trial", e))?;
@@ -370,8 +382,12 @@ mod tests {
             std::fs::create_dir_all(d).unwrap();
         }
         for name in BINARIES {
-            std::fs::write(opt.join(name), "bootstrap").unwrap();
-            std::fs::write(files.join(name), format!("new {name}")).unwrap();
+            // Scripts that do nothing: the watchdog a take starts runs the old one.
+            std::fs::write(opt.join(name), "#!/bin/sh\n# bootstrap\n").unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            let executable = std::fs::Permissions::from_mode(0o755);
+            std::fs::set_permissions(opt.join(name), executable).unwrap();
+            std::fs::write(files.join(name), format!("#!/bin/sh\n# new {name}\n")).unwrap();
         }
         let root = SigningKey::generate().unwrap().0;
         Machine {
@@ -397,7 +413,11 @@ mod tests {
             expires_at_ms: u64,
             root: &SigningKey,
         ) -> ReleaseOffer {
-            use base64::Engine;
+            let manifest = self.manifest(sequence, target, expires_at_ms);
+            signed_offer(&manifest, root, &self.key)
+        }
+
+        fn manifest(&self, sequence: u64, target: &str, expires_at_ms: u64) -> ReleaseManifest {
             let binaries = BINARIES
                 .iter()
                 .map(|name| {
@@ -410,18 +430,14 @@ mod tests {
                     }
                 })
                 .collect();
-            let manifest = serde_json::to_vec(&ReleaseManifest {
+            ReleaseManifest {
                 version: "0.2.0".into(),
                 sequence,
                 min_sequence: 0,
                 expires_at_ms,
                 binaries,
-            })
-            .unwrap();
-            let certified = root.certify(&self.key.public(), "release");
-            ReleaseOffer {
-                manifest: base64::engine::general_purpose::STANDARD.encode(&manifest),
-                signature: self.key.sign_manifest(&manifest, &certified),
+                roots: vec![],
+                revoked_keys: vec![],
             }
         }
 
@@ -435,6 +451,18 @@ mod tests {
                     .ok_or_else(|| refused(format!("no content {digest}")))
             };
             self.releases.take(offer, &by_digest)
+        }
+
+        /// The refusal's line with `running` still running and the refusal recorded.
+        fn refused_after(&self, offer: &ReleaseOffer, running: u64) -> String {
+            let refusal = self.take(offer).unwrap_err();
+            assert_eq!(self.releases.install.running(), running);
+            let record = ReleaseRecord::load(&self.releases.state).unwrap();
+            assert!(
+                matches!(record.last, Some(UpdateOutcome::Refused { .. })),
+                "{record:?}"
+            );
+            refusal.message
         }
 
         /// The refusal's line, with nothing installed or switched and the refusal recorded.
@@ -455,7 +483,54 @@ mod tests {
         }
     }
 
+    fn signed_offer(
+        manifest: &ReleaseManifest,
+        root: &SigningKey,
+        key: &SigningKey,
+    ) -> ReleaseOffer {
+        use base64::Engine;
+        let bytes = serde_json::to_vec(manifest).unwrap();
+        let certified = root.certify(&key.public(), "release");
+        ReleaseOffer {
+            manifest: base64::engine::general_purpose::STANDARD.encode(&bytes),
+            signature: key.sign_manifest(&bytes, &certified),
+        }
+    }
+
     const FAR: u64 = u64::MAX;
+
+    #[test]
+    fn a_release_signed_under_the_old_root_rotates_it_and_revocations_hold_from_then_on() {
+        let m = machine();
+        let new_root = SigningKey::generate().unwrap().0;
+        let mut rotating = m.manifest(5, TARGET, FAR);
+        rotating.roots = vec![new_root.public()];
+        let answer = m.take(&signed_offer(&rotating, &m.root, &m.key));
+        assert_eq!(answer, Ok(Reply::Updating { from: 0, to: 5 }));
+        let record = ReleaseRecord::load(&m.releases.state).unwrap();
+        assert_eq!(m.releases.trust(&record).roots, vec![new_root.public()]);
+        // The old root no longer certifies a release here; the new one does.
+        let line = m.refused_after(&m.offer(6, TARGET, FAR, &m.root), 5);
+        assert!(
+            line.contains("which is not a root of this fleet (it trusts ed25519:"),
+            "{line}"
+        );
+        let second_key = SigningKey::generate().unwrap().0;
+        let mut revoking = m.manifest(6, TARGET, FAR);
+        revoking.revoked_keys = vec![m.key.public()];
+        let answer = m.take(&signed_offer(&revoking, &new_root, &second_key));
+        assert_eq!(answer, Ok(Reply::Updating { from: 5, to: 6 }));
+        // The first release key, even certified by the new root, is refused by name.
+        let stolen = signed_offer(&m.manifest(7, TARGET, FAR), &new_root, &m.key);
+        let line = m.refused_after(&stolen, 6);
+        assert_eq!(
+            line,
+            format!(
+                "the release key {} is revoked: sign the release with a key the fleet's root certified since",
+                m.key.public()
+            )
+        );
+    }
 
     #[test]
     fn each_bad_release_is_refused_naming_why_and_nothing_is_installed() {

@@ -1,6 +1,6 @@
 //! What the machine remembers of its releases, in `STATE/release.json`, written whole or not at
 //! all: the floor it may never go below, the releases that failed here, and the last update.
-use fleet_proto::release::UpdateOutcome;
+use fleet_proto::release::{ReleaseTrust, UpdateOutcome};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io;
@@ -24,6 +24,10 @@ pub struct ReleaseRecord {
     /// only once the restored agent holds one.
     #[serde(default)]
     pub unconfirmed: bool,
+    /// The roots and revoked release keys the last release that changed them named (signed
+    /// under what this machine trusted then); None: the join file's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<ReleaseTrust>,
 }
 
 /// A trial's terms, set before the swap.
