@@ -420,15 +420,17 @@ fn a_release_signed_under_the_old_root_rotates_the_fleets_roots_and_a_revoked_ke
         "release 8 can no longer be sent: the release key {} is revoked: sign the release with a key the fleet's root certified since",
         new.key
     );
-    let halted = testkit::agent::wait_until(std::time::Duration::from_secs(20), || {
-        let status = testkit::ok(coord.command().args(["rollout", "status", "--json"]));
-        let status: Value = serde_json::from_str(&status).unwrap();
-        status["state"] == "halted" && status["reason"] == why.as_str()
-    });
+    // `--watch` follows it until it halts, a line each time it changes, then says why and fails.
+    let watched = coord.watch_rollout(60);
+    assert_eq!(watched.status.code(), Some(1), "{watched:?}");
+    let lines = String::from_utf8_lossy(&watched.stdout);
     assert!(
-        halted,
-        "{}",
-        testkit::ok(coord.command().args(["rollout", "status", "--json"]))
+        lines.lines().all(|l| l.starts_with("release 8: ")),
+        "{lines}"
+    );
+    assert_eq!(
+        last_line(&String::from_utf8_lossy(&watched.stderr)),
+        format!("fleet-coordinator: the rollout of release 8 halted: {why}")
     );
     testkit::ok(coord.command().args(["rollout", "abort"]));
     let line = coord.refusal(&["rollout", "start", "--release", "8"]);

@@ -353,11 +353,21 @@ fn a_rollout_takes_the_fleet_through_its_stages_and_halts_at_a_bad_canary() {
     };
     let said = start("5");
     assert!(said.starts_with("release 5: running at stage 0"), "{said}");
-    let done = wait_until(Duration::from_secs(120), || {
-        rollout_status(&coord)["state"] == "done"
-    });
-    let status = rollout_status(&coord);
-    assert!(done, "{status:#}");
+    // `--watch` follows it to the end: a line each time it changes, then the table.
+    let watched = coord.watch_rollout(120);
+    let (out, status) = (
+        String::from_utf8_lossy(&watched.stdout),
+        rollout_status(&coord),
+    );
+    assert_eq!(watched.status.code(), Some(0), "{watched:?}\n{status:#}");
+    assert!(
+        out.starts_with("release 5: running, the canaries: 0 of "),
+        "{out}"
+    );
+    assert!(
+        out.contains("\nrelease 5: done: 3 of 3 kept, 0 failed\nrelease 5: done at stage"),
+        "{out}"
+    );
     let machines_of = |stage: u64| {
         (status["machines"].as_object().unwrap().values())
             .filter(|m| m["stage"] == stage)
@@ -383,11 +393,15 @@ fn a_rollout_takes_the_fleet_through_its_stages_and_halts_at_a_bad_canary() {
         "{refused}"
     );
     start("6");
-    let halted = wait_until(Duration::from_secs(60), || {
-        rollout_status(&coord)["state"] == "halted"
-    });
+    let watched = coord.watch_rollout(60);
     let status = rollout_status(&coord);
-    assert!(halted, "{status:#}");
+    assert_eq!(watched.status.code(), Some(1), "{watched:?}\n{status:#}");
+    let said = String::from_utf8_lossy(&watched.stderr);
+    assert!(
+        said.trim_end()
+            .ends_with(&format!("halted: {}", status["reason"].as_str().unwrap())),
+        "{said}"
+    );
     let reason = status["reason"].as_str().unwrap();
     assert!(
         reason.starts_with(

@@ -191,6 +191,17 @@ impl Coordinator {
             .clone()
     }
 
+    /// `rollout status --watch`, stopped by `timeout` after `seconds` (exit 124) should it hang.
+    pub fn watch_rollout(&self, seconds: u64) -> std::process::Output {
+        let mut watch = Command::new("timeout");
+        watch
+            .arg(seconds.to_string())
+            .arg(crate::bin("fleet-coordinator"));
+        watch.arg("--data").arg(&self.data);
+        watch.args(["rollout", "status", "--watch"]);
+        watch.output().expect("timeout runs")
+    }
+
     /// A `fleet-coordinator --data DATA` command.
     pub fn command(&self) -> Command {
         let mut cmd = crate::cmd("fleet-coordinator");

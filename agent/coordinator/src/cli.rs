@@ -84,6 +84,10 @@ pub enum RolloutCmd {
     Status {
         #[arg(long)]
         json: bool,
+        /// Follow it until it is done (exit 0), halted or aborted (exit 1, saying why): a bar on
+        /// a terminal, otherwise a line each time it changes
+        #[arg(long, conflicts_with = "json")]
+        watch: bool,
     },
     /// Send the release to no more machines until resumed
     Pause,

@@ -17,6 +17,7 @@ mod nodes;
 pub mod operator;
 mod peer;
 pub mod placement;
+pub mod progress;
 pub mod release;
 pub mod rollout;
 pub mod runs;

@@ -647,10 +647,14 @@ fn release(place: &Place, command: cli::ReleaseCmd) -> Result<()> {
             }
         }
         cli::ReleaseCmd::Add { dir } => {
-            let offered = release::offer(&dir, &coordinator::blobs(&place.data))?;
-            let operator::Answer::Release(taken) =
-                operate(place, operator::Request::AddRelease(offered))?
-            else {
+            let progress = fleet_coordinator::progress::Progress::on_terminal();
+            let offered = release::offer(&dir, &coordinator::blobs(&place.data), &progress)?;
+            let spinner = progress.spinner(
+                "checking the release and copying its binaries to the fleet's coordinators",
+            );
+            let answer = operate(place, operator::Request::AddRelease(offered));
+            spinner.finish_and_clear();
+            let operator::Answer::Release(taken) = answer? else {
                 return Err(mismatch("release add"));
             };
             let m = &taken.manifest;
@@ -755,7 +759,8 @@ fn rollout(place: &Place, command: cli::RolloutCmd) -> Result<()> {
             };
             (operator::Request::StartRollout(plan), false)
         }
-        cli::RolloutCmd::Status { json } => (operator::Request::Rollout, json),
+        cli::RolloutCmd::Status { watch: true, .. } => return watch_rollout(place),
+        cli::RolloutCmd::Status { json, .. } => (operator::Request::Rollout, json),
         cli::RolloutCmd::Pause => (operator::Request::SetRollout(RolloutState::Paused), false),
         cli::RolloutCmd::Resume => (operator::Request::SetRollout(RolloutState::Running), false),
         cli::RolloutCmd::Abort => (operator::Request::SetRollout(RolloutState::Aborted), false),
@@ -772,6 +777,56 @@ fn rollout(place: &Place, command: cli::RolloutCmd) -> Result<()> {
         print_rollout(&rollout);
     }
     Ok(())
+}
+
+/// `rollout status --watch`: follows the rollout until it is done (Ok), halted or aborted (an
+/// error saying why); a bar on a terminal, otherwise a line each time the summary changes.
+fn watch_rollout(place: &Place) -> Result<()> {
+    use fleet_coordinator::rollout::RolloutState;
+    let progress = fleet_coordinator::progress::Progress::on_terminal();
+    let bar = progress.machines(0);
+    let mut said = String::new();
+    loop {
+        let operator::Answer::Rollout(rollout) = operate(place, operator::Request::Rollout)? else {
+            return Err(mismatch("rollout status"));
+        };
+        let Some(rollout) = rollout else {
+            anyhow::bail!("no rollout was started: see `fleet-coordinator rollout start --help`");
+        };
+        let summary = rollout.summary();
+        if progress.drawn() {
+            let counts = rollout.counts();
+            bar.set_length(counts.sent);
+            bar.set_position(counts.kept);
+            bar.set_message(summary.clone());
+        } else if summary != said {
+            println!("{summary}");
+        }
+        said = summary;
+        match &rollout.state {
+            RolloutState::Running | RolloutState::Paused => {}
+            RolloutState::Done => {
+                bar.finish_and_clear();
+                print_rollout(&rollout);
+                return Ok(());
+            }
+            RolloutState::Halted { reason } => {
+                bar.finish_and_clear();
+                anyhow::bail!(
+                    "the rollout of release {} halted: {reason}",
+                    rollout.plan.release
+                )
+            }
+            RolloutState::Aborted => {
+                bar.finish_and_clear();
+                anyhow::bail!(
+                    "the rollout of release {} was aborted",
+                    rollout.plan.release
+                )
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
 }
 
 fn print_rollout(rollout: &fleet_coordinator::rollout::Rollout) {

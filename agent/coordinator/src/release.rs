@@ -176,12 +176,21 @@ pub fn verify_dir(
 
 /// Every regular file in each bundle of `dir`, hashed; both bundles must be there.
 fn binaries_in(dir: &Path) -> Result<Vec<ReleaseBinary>, CoordinatorError> {
-    each_binary(dir, &mut |reader| hash(reader))
+    each_binary(
+        dir,
+        &mut |reader| hash(reader),
+        &crate::progress::Progress::none(),
+    )
 }
 
 /// Reads the release in `dir` and imports the binaries of its bundles into `blobs` by digest;
 /// the coordinator checks the signature and that it holds each binary the manifest names.
-pub fn offer(dir: &Path, blobs: &fleet_content::Blobs) -> Result<ReleaseOffer, CoordinatorError> {
+/// On a terminal, `progress` shows each bundle as it is read.
+pub fn offer(
+    dir: &Path,
+    blobs: &fleet_content::Blobs,
+    progress: &crate::progress::Progress,
+) -> Result<ReleaseOffer, CoordinatorError> {
     use base64::Engine;
     let manifest = read(&dir.join(MANIFEST_FILE), "the manifest")?;
     let signature_path = dir.join(SIGNATURE_FILE);
@@ -192,7 +201,7 @@ pub fn offer(dir: &Path, blobs: &fleet_content::Blobs) -> Result<ReleaseOffer, C
                 signature_path.display()
             ))
         })?;
-    each_binary(dir, &mut |reader| blobs.import_from(reader))?;
+    each_binary(dir, &mut |reader| blobs.import_from(reader), progress)?;
     Ok(ReleaseOffer {
         manifest: base64::engine::general_purpose::STANDARD.encode(manifest),
         signature,
@@ -204,7 +213,11 @@ type TakeBinary<'a> = dyn FnMut(&mut dyn Read) -> std::io::Result<(Digest, u64)>
 
 /// Calls `take` on every regular file in each bundle of `dir` (both must be there), which
 /// answers its digest and size.
-fn each_binary(dir: &Path, take: &mut TakeBinary) -> Result<Vec<ReleaseBinary>, CoordinatorError> {
+fn each_binary(
+    dir: &Path,
+    take: &mut TakeBinary,
+    progress: &crate::progress::Progress,
+) -> Result<Vec<ReleaseBinary>, CoordinatorError> {
     let mut binaries = Vec::new();
     for (arch, target) in BUNDLE_TARGETS {
         let path = bundle_path(dir, arch);
@@ -217,7 +230,12 @@ fn each_binary(dir: &Path, take: &mut TakeBinary) -> Result<Vec<ReleaseBinary>, 
                 path.display()
             ))
         };
-        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+        let size = file.metadata().map_or(0, |m| m.len());
+        let bar = progress.bytes(
+            &path.file_name().unwrap_or_default().to_string_lossy(),
+            size,
+        );
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bar.wrap_read(file)));
         for entry in archive.entries().map_err(unreadable)? {
             let mut entry = entry.map_err(unreadable)?;
             if !entry.header().entry_type().is_file() {
@@ -239,6 +257,7 @@ fn each_binary(dir: &Path, take: &mut TakeBinary) -> Result<Vec<ReleaseBinary>, 
                 size,
             });
         }
+        bar.finish_and_clear();
     }
     Ok(binaries)
 }

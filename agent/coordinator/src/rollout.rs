@@ -57,6 +57,14 @@ pub enum MachineOutcome {
     Failed { reason: String },
 }
 
+/// A rollout's machines by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutcomeCounts {
+    pub sent: u64,
+    pub kept: u64,
+    pub failed: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Machine {
     /// 0: a canary; K: wave K.
@@ -99,6 +107,39 @@ impl Rollout {
             0 => "the canaries".into(),
             k => format!("wave {k} ({}%)", self.plan.waves[k - 1]),
         }
+    }
+
+    /// How many machines were sent the release, and of them how many kept it and failed.
+    pub fn counts(&self) -> OutcomeCounts {
+        let mut counts = OutcomeCounts::default();
+        for machine in self.machines.values() {
+            counts.sent += 1;
+            match machine.outcome {
+                MachineOutcome::Kept => counts.kept += 1,
+                MachineOutcome::Failed { .. } => counts.failed += 1,
+                MachineOutcome::Pending => {}
+            }
+        }
+        counts
+    }
+
+    /// One line for people: `release 8: running, wave 2 (10%): 12 of 15 kept, 1 failed`.
+    pub fn summary(&self) -> String {
+        let c = self.counts();
+        let stage = match self.state {
+            RolloutState::Running | RolloutState::Paused => {
+                format!(", {}", self.stage_name(self.stage))
+            }
+            _ => String::new(),
+        };
+        format!(
+            "release {}: {}{stage}: {} of {} kept, {} failed",
+            self.plan.release,
+            state_word(&self.state),
+            c.kept,
+            c.sent,
+            c.failed
+        )
     }
 
     /// How many machines of `eligible` the current stage covers, counting those before it.
