@@ -121,6 +121,7 @@ impl Releases {
         }
         let manifest = offer.verify(&trust, now_ms()).map_err(refused)?;
         let to = manifest.sequence;
+        tracing::info!(version = %manifest.version, "taking release {to}: fetching and installing it");
         if let Some(reason) = record.never.get(&to) {
             return Err(refused(format!(
                 "release {to} was reverted on this machine ({reason}); it is never tried again"
