@@ -13,7 +13,7 @@ use testkit::agent::{Coordinator, script, wait_until};
 use testkit::release::ReleaseKeys;
 
 const WAIT: Duration = Duration::from_secs(60);
-/// The trial given to the machines here (the default is 25 s).
+/// The trial given to the machines here (the default is 20 s).
 const TRIAL: &str = "10s";
 
 /// `ExecStart` run again after every exit but the fleet's end (78), as systemd's unit does.
@@ -170,6 +170,34 @@ fn fleet_trusting_a_root(dir: &Path) -> (Coordinator, ReleaseKeys) {
     (coord, keys)
 }
 
+/// Releases whose agent fails its trial, each as (sequence, the agent, the revert's reason): one
+/// that exits at its start; a real agent that holds its session, passes its self-check and is
+/// killed 10 s in; a real agent that cannot reach any coordinator (a network namespace of its
+/// own), which reverts itself, blamed on the release once the restored agent holds a session.
+fn bad_releases() -> Vec<(u64, String, &'static str)> {
+    let agent = testkit::bin("fleet-agent");
+    vec![
+        (
+            6,
+            "#!/bin/sh\nexit 1\n".into(),
+            "the new agent exited during its trial",
+        ),
+        (
+            7,
+            format!(
+                "#!/bin/sh\ntimeout -s KILL 10 {} \"$@\"\nexit 1\n",
+                agent.display()
+            ),
+            "the new agent exited during its trial",
+        ),
+        (
+            9,
+            format!("#!/bin/sh\nexec unshare -n {} \"$@\"\n", agent.display()),
+            "no session within 20 s",
+        ),
+    ]
+}
+
 fn update(coord: &Coordinator, release: Option<u64>) -> std::process::Output {
     let mut cmd = coord.command();
     cmd.args(["update", "--node", "m"]);
@@ -189,8 +217,8 @@ fn a_good_release_is_kept_and_bad_ones_are_reverted_and_never_tried_again() {
         join.contains(&keys.root),
         "the join file names the roots: {join}"
     );
-    // The default trial, 25 s: a release that crashes 10 s in is still on trial then.
-    let machine = Machine::with_trial(&dir.join("m"), &join, "25s");
+    // The default trial, 20 s: a release that crashes 10 s in is still on trial then (kept at 15 s).
+    let machine = Machine::with_trial(&dir.join("m"), &join, "20s");
     assert!(
         wait_until(WAIT, || machine.log_text().contains("session open")),
         "{}",
@@ -247,35 +275,15 @@ fn a_good_release_is_kept_and_bad_ones_are_reverted_and_never_tried_again() {
     ran_once_and_finished(&coord, &machine, set.trim(), &marks, WAIT);
 
     // Bad releases, each reverted to 5 within 30 s, named in the facts, and never tried again.
-    // A real agent that cannot reach any coordinator (a network namespace of its own): it
-    // reverts itself, and the release is blamed once the restored agent holds a session.
-    let no_network = format!(
-        "#!/bin/sh\nexec unshare -n {} \"$@\"\n",
-        testkit::bin("fleet-agent").display()
-    );
-    // A real agent that holds its session, passes its self-check, and is killed 10 s in.
-    let crashes_after_10s = format!(
-        "#!/bin/sh\ntimeout -s KILL 10 {} \"$@\"\nexit 1\n",
-        testkit::bin("fleet-agent").display()
-    );
-    let bad: [(u64, &str, &str); 4] = [
-        (
-            6,
-            "#!/bin/sh\nexit 1\n",
-            "the new agent exited during its trial",
-        ),
-        (
-            7,
-            &crashes_after_10s,
-            "the new agent exited during its trial",
-        ),
+    let mut bad = bad_releases();
+    bad.insert(
+        2,
         (
             8,
-            "#!/bin/sh\nexec sleep 600\n",
+            "#!/bin/sh\nexec sleep 600\n".into(),
             "the new agent neither kept nor reverted",
         ),
-        (9, &no_network, "no session within 25 s"),
-    ];
+    );
     for (sequence, agent, reason) in bad {
         build.add(&coord, &keys, sequence, Some(agent.as_bytes()));
         let sent = update(&coord, Some(sequence));
@@ -337,7 +345,7 @@ fn a_rollout_takes_the_fleet_through_its_stages_and_halts_at_a_bad_canary() {
     let machines: Vec<Machine> = (0..3)
         .map(|i| {
             let join = coord.token(&["--name", &format!("m{i}")]);
-            Machine::start(&dir.join(format!("m{i}")), &join)
+            Machine::with_trial(&dir.join(format!("m{i}")), &join, "20s")
         })
         .collect();
     let joined = wait_until(WAIT, || {
@@ -397,59 +405,57 @@ fn a_rollout_takes_the_fleet_through_its_stages_and_halts_at_a_bad_canary() {
             .all(|n| n["facts"]["release"]["sequence"] == 5)
     );
 
-    // A release whose agent exits at its start: the canary reverts, the rollout halts there.
-    build.add(&coord, &keys, 6, Some(b"#!/bin/sh\nexit 1\n"));
     let refused = testkit::fails(coord.command().args(["rollout", "resume"]));
     assert!(
         refused.contains("the rollout of release 5 is done: it cannot become running"),
         "{refused}"
     );
-    start("6");
-    let watched = coord.watch_rollout(60);
-    let status = rollout_status(&coord);
-    assert_eq!(watched.status.code(), Some(1), "{watched:?}\n{status:#}");
-    let said = String::from_utf8_lossy(&watched.stderr);
-    assert!(
-        said.trim_end()
-            .ends_with(&format!("halted: {}", status["reason"].as_str().unwrap())),
-        "{said}"
-    );
-    let reason = status["reason"].as_str().unwrap();
-    assert!(
-        reason.starts_with(
-            "1 of 1 machines of the canaries failed (100%, above the 10% allowed); n-"
-        ),
-        "{reason}"
-    );
-    assert!(
-        reason.ends_with("reverted: the new agent exited during its trial"),
-        "{reason}"
-    );
-    // No machine beyond the canary was touched, and all run release 5.
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(
-        rollout_status(&coord)["machines"]
-            .as_object()
-            .unwrap()
-            .len(),
-        1
-    );
-    let nodes = coord.nodes();
-    assert!(
-        nodes.iter().all(|n| n["facts"]["release"]["sequence"] == 5),
-        "{nodes:#?}"
-    );
-    let touched = nodes
-        .iter()
-        .filter(|n| n["facts"]["release"]["update"]["to"] == 6)
-        .count();
-    assert_eq!(touched, 1, "{nodes:#?}");
-    let text = testkit::ok(coord.command().args(["rollout", "status"]));
-    assert!(
-        text.contains("halted: 1 of 1 machines of the canaries failed"),
-        "{text}"
-    );
-    testkit::ok(coord.command().args(["rollout", "abort"]));
+    // Three bad releases, each rolled out: the canary reverts, the rollout halts there by itself
+    // and says why, and no machine beyond the canary is touched.
+    for (sequence, agent, reason) in bad_releases() {
+        build.add(&coord, &keys, sequence, Some(agent.as_bytes()));
+        start(&sequence.to_string());
+        let watched = coord.watch_rollout(90);
+        let status = rollout_status(&coord);
+        assert_eq!(watched.status.code(), Some(1), "{watched:?}\n{status:#}");
+        let said = String::from_utf8_lossy(&watched.stderr);
+        let why = status["reason"].as_str().unwrap();
+        assert!(
+            said.trim_end().ends_with(&format!("halted: {why}")),
+            "{said}"
+        );
+        assert!(
+            why.starts_with(
+                "1 of 1 machines of the canaries failed (100%, above the 10% allowed); n-"
+            ),
+            "{why}"
+        );
+        assert!(why.contains(&format!("reverted: {reason}")), "{why}");
+        std::thread::sleep(Duration::from_secs(3));
+        let status = rollout_status(&coord);
+        assert_eq!(
+            status["machines"].as_object().unwrap().len(),
+            1,
+            "{status:#}"
+        );
+        let nodes = coord.nodes();
+        assert!(
+            nodes.iter().all(|n| n["facts"]["release"]["sequence"] == 5),
+            "{nodes:#?}"
+        );
+        let touched = nodes
+            .iter()
+            .filter(|n| n["facts"]["release"]["update"]["to"] == sequence)
+            .count();
+        assert_eq!(touched, 1, "{nodes:#?}");
+        let text = testkit::ok(coord.command().args(["rollout", "status"]));
+        assert!(
+            text.contains("halted: 1 of 1 machines of the canaries failed"),
+            "{text}"
+        );
+        eprintln!("release {sequence} halted the rollout at its canary: {why}");
+        testkit::ok(coord.command().args(["rollout", "abort"]));
+    }
     drop(machines);
 }
 

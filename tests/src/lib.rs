@@ -83,9 +83,12 @@ pub fn fails(cmd: &mut Command) -> String {
 }
 
 /// A fresh temporary directory, removed when dropped.
+/// A fresh folder, removed when dropped unless `FLEET_TEST_KEEP` is set (to read a failed
+/// test's logs).
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("fleet-test-")
+        .disable_cleanup(std::env::var_os("FLEET_TEST_KEEP").is_some())
         .tempdir()
         .expect("can create a temporary directory")
 }

@@ -203,22 +203,7 @@ impl Coordinator {
 
     /// The one node `wanted` names, by id or by name.
     pub fn find_node(&self, wanted: &str) -> Result<NodeRecord, CoordinatorError> {
-        let mut found: Vec<NodeRecord> = (self.store().nodes()?.into_iter())
-            .filter(|n| n.id.as_str() == wanted || n.name.as_deref() == Some(wanted))
-            .collect();
-        match found.len() {
-            0 => Err(CoordinatorError::Request(format!(
-                "no node matches {wanted}: see `fleet-coordinator nodes`"
-            ))),
-            1 => Ok(found.remove(0)),
-            n => {
-                let ids: Vec<&str> = found.iter().map(|n| n.id.as_str()).collect();
-                Err(CoordinatorError::Request(format!(
-                    "{n} nodes are named {wanted} ({}): name one by its id",
-                    ids.join(", ")
-                )))
-            }
-        }
+        find_node_in(self.store(), wanted)
     }
 
     /// Sets and removes labels of the node `wanted` names, which `run --where label.K=V` reads.
@@ -407,5 +392,26 @@ fn failed_view(token_hash: &str, token: TokenRecord) -> NodeView {
         capacity_set: None,
         idle_since_ms: None,
         protocol: None,
+    }
+}
+
+/// The one node of `store` whose id or name is `wanted`; blocking, so from async code through
+/// `with_store`.
+pub(crate) fn find_node_in(store: &Store, wanted: &str) -> Result<NodeRecord, CoordinatorError> {
+    let mut found: Vec<NodeRecord> = (store.nodes()?.into_iter())
+        .filter(|n| n.id.as_str() == wanted || n.name.as_deref() == Some(wanted))
+        .collect();
+    match found.len() {
+        0 => Err(CoordinatorError::Request(format!(
+            "no node matches {wanted}: see `fleet-coordinator nodes`"
+        ))),
+        1 => Ok(found.remove(0)),
+        n => {
+            let ids: Vec<&str> = found.iter().map(|n| n.id.as_str()).collect();
+            Err(CoordinatorError::Request(format!(
+                "{n} nodes are named {wanted} ({}): name one by its id",
+                ids.join(", ")
+            )))
+        }
     }
 }

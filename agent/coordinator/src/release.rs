@@ -339,7 +339,9 @@ impl crate::Coordinator {
         let release = (self.with_store(move |store| store.sendable_release(sequence, now)))
             .await
             .map_err(refusal_as_request)?;
-        let node = self.find_node(wanted)?;
+        let wanted = wanted.to_string();
+        let node = (self.with_store(move |store| Ok(crate::nodes::find_node_in(store, &wanted))))
+            .await??;
         match node.protocol {
             Some(crate::store::NodeProtocol::Speaks { version })
                 if version >= fleet_proto::version::ProtocolVersion(2) => {}

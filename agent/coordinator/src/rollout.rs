@@ -13,7 +13,7 @@ use crate::placement::Selector;
 use crate::store::FleetEntry;
 use crate::{Coordinator, CoordinatorError};
 use fleet_proto::clock::now_ms;
-use fleet_proto::release::UpdateOutcome;
+use fleet_proto::release::{ReleaseOffer, UpdateOutcome};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -413,12 +413,13 @@ impl Coordinator {
     }
 
     /// One step of the rollout controller (blocking): reads the fleet and steps the rollout in
-    /// one transaction; answers the release and the machines this step assigned, to be sent it.
+    /// one transaction; answers the release (as checked again now) and the machines this step
+    /// assigned, to be sent it.
     /// A done rollout is stepped only when `done_too` (it can only reach machines that came since).
     pub fn step_rollout(
         &self,
         done_too: bool,
-    ) -> Result<Option<(u64, Vec<String>)>, CoordinatorError> {
+    ) -> Result<Option<(ReleaseOffer, Vec<String>)>, CoordinatorError> {
         let Some(rollout) = self.rollout()? else {
             return Ok(None);
         };
@@ -426,18 +427,18 @@ impl Coordinator {
             return Ok(None);
         }
         let now = now_ms();
-        match self
+        let record = match self
             .store()
             .sendable_release(Some(rollout.plan.release), now)
         {
-            Ok(_) => {}
+            Ok(record) => record,
             // Its key revoked, its root rotated away or its manifest expired: it halts, saying so.
             Err(crate::store::StoreError::Refused(reason)) => {
                 self.halt_rollout(rollout.plan.release, reason)?;
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
-        }
+        };
         if rollout.state == RolloutState::Done && !done_too {
             return Ok(None);
         }
@@ -457,26 +458,17 @@ impl Coordinator {
                     let write = (rollout != before).then_some(rollout);
                     Ok((write, send))
                 })?;
-        Ok(Some((rollout.plan.release, send)))
+        Ok(Some((record.offer(), send)))
     }
 
     /// Sends `release` to each of `nodes`, many at once; a machine that cannot take it fails in
     /// the rollout, with the reason, in one write.
     pub async fn send_rollout(
         self: &std::sync::Arc<Self>,
-        release: u64,
+        offer: ReleaseOffer,
         nodes: Vec<String>,
     ) -> Result<(), CoordinatorError> {
-        let releases = self.store().releases()?;
-        let Some(record) = releases
-            .iter()
-            .find(|r| r.manifest_read.sequence == release)
-        else {
-            return Err(CoordinatorError::Request(format!(
-                "release {release} is not taken in"
-            )));
-        };
-        let offer = record.offer();
+        let release = offer.read_unchecked().map_or(0, |m| m.sequence);
         let mut sends = tokio::task::JoinSet::new();
         let mut failed = Vec::new();
         for node in nodes {
@@ -503,8 +495,8 @@ impl Coordinator {
         for (node, reason) in &failed {
             tracing::warn!(%node, "the rollout could not send release {release}: {reason}");
         }
-        self.store()
-            .change_fleet_value(FleetEntry::Rollout, |current: Option<Rollout>| {
+        self.with_store(move |store| {
+            store.change_fleet_value(FleetEntry::Rollout, |current: Option<Rollout>| {
                 let Some(mut r) = current else {
                     return Ok((None, ()));
                 };
@@ -518,7 +510,9 @@ impl Coordinator {
                     }
                 }
                 Ok((Some(r), ()))
-            })?;
+            })
+        })
+        .await?;
         Ok(())
     }
 }

@@ -53,7 +53,7 @@ pub struct AgentArgs {
     #[arg(long, default_value = fleet_agent::agent::DEFAULT_INSTALL_DIR)]
     pub install_dir: PathBuf,
     /// How long a new release has to hold a session and pass its self-check before it is reverted
-    #[arg(long, default_value = "25s", value_parser = duration::parse)]
+    #[arg(long, default_value = "20s", value_parser = duration::parse)]
     pub update_trial: Duration,
     /// The run supervisor (default: fleet-run-supervisor beside this executable)
     #[arg(long)]

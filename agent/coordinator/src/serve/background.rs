@@ -283,8 +283,8 @@ async fn drive_rollout_forever(coordinator: Arc<Coordinator>) {
         let stepping = coordinator.clone();
         let stepped = tokio::task::spawn_blocking(move || stepping.step_rollout(done_too)).await;
         let sent = match stepped {
-            Ok(Ok(Some((release, nodes)))) if !nodes.is_empty() => {
-                coordinator.send_rollout(release, nodes).await
+            Ok(Ok(Some((offer, nodes)))) if !nodes.is_empty() => {
+                coordinator.send_rollout(offer, nodes).await
             }
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(e),

@@ -5,9 +5,9 @@
 //! old binary, switches the `current` link, answers, and execs the new agent.
 //!
 //! The new agent is on trial for [`Releases::trial`]: it keeps the release once it held a session,
-//! its self-check passed (the new supervisor runs) and it stayed up half its trial (so a release
-//! that crashes a few seconds in is reverted, not kept); otherwise it reverts
-//! itself (for want of a session, blamed on the release only once the restored agent holds one).
+//! its self-check passed (the new supervisor runs) and it stayed up three quarters of its trial
+//! (so a release that crashes 10 s in is reverted, not kept); otherwise it reverts itself (for
+//! want of a session, blamed on the release only once the restored agent holds one).
 //! The watchdog reverts when the new agent exits during its trial or never finishes it, and the
 //! unit's restart starts the old agent through the link. A reverted release is never tried again.
 mod install;
@@ -34,7 +34,7 @@ pub const TARGET: &str = "x86_64-unknown-linux-musl";
 pub const TARGET: &str = "aarch64-unknown-linux-musl";
 
 /// The default trial: past it without keeping, the release is reverted.
-pub const DEFAULT_TRIAL: Duration = Duration::from_secs(25);
+pub const DEFAULT_TRIAL: Duration = Duration::from_secs(20);
 /// How long past the trial the watchdog waits for a new agent that neither kept nor reverted.
 const WATCH_GRACE: Duration = Duration::from_secs(3);
 
@@ -246,7 +246,8 @@ impl Releases {
     }
 
     /// The new agent's trial: keeps the release once `in_session` held, the new supervisor runs
-    /// and half the trial passed since `started`; reverts itself at the deadline. Returns once kept.
+    /// and three quarters of the trial passed since `started`; reverts itself at the deadline.
+    /// Returns once kept.
     pub async fn trial(
         &self,
         from: u64,
@@ -280,7 +281,7 @@ impl Releases {
                     checked = self.self_check(to).await;
                 }
             }
-            if checked && started.elapsed() >= self.trial / 2 && in_session() {
+            if checked && started.elapsed() >= self.trial * 3 / 4 && in_session() {
                 match self.keep(from, to) {
                     Ok(()) => {
                         tracing::info!(from, to, "kept release {to} after its trial");
