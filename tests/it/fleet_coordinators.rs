@@ -971,3 +971,35 @@ fn a_dns_name_is_resolved_at_each_try_and_each_of_its_addresses_tried() {
     );
     assert_eq!(coord.nodes().len(), 1);
 }
+
+#[test]
+fn a_command_on_the_folder_of_a_postgres_coordinator_that_is_down_is_refused_not_answered_from_an_empty_store()
+ {
+    let mut fleet = Fleet::new(1);
+    fleet.add_agent("worker-0", 0);
+    fleet.coords[0].kill();
+    let data = fleet.path("coord-0");
+    for args in [&["nodes"][..], &["rollout", "status"], &["release", "list"]] {
+        let line = fleet.coords[0].refusal(args);
+        assert_eq!(
+            line,
+            format!(
+                "fleet-coordinator: no coordinator answers on {}'s socket, and its fleet's store is in PostgreSQL: start `fleet-coordinator serve` on it again, or pass --store postgres://... to act on the store directly",
+                data.display()
+            ),
+            "{args:?}"
+        );
+    }
+    assert!(
+        !data.join(fleet_coordinator::STORE_FILE).exists(),
+        "an empty embedded store was made in the folder"
+    );
+    // With the store named, the command reads the fleet's store itself.
+    let nodes = testkit::ok(
+        fleet.coords[0]
+            .command()
+            .args(["--store", &fleet.url, "nodes", "--json"]),
+    );
+    let nodes: Value = serde_json::from_str(&nodes).unwrap();
+    assert_eq!(nodes.as_array().unwrap().len(), 1, "{nodes:#}");
+}

@@ -22,6 +22,8 @@ pub const DEFAULT_DATA: &str = "/var/lib/octomy-coordinator";
 pub const DEFAULT_PORT: u16 = 18426;
 pub const KEY_FILE: &str = "coordinator.key";
 pub const STORE_FILE: &str = "coordinator.redb";
+/// Present in a data folder whose coordinator serves a PostgreSQL store (see [`StoreLocation::mark`]).
+pub const POSTGRES_MARK: &str = "store-is-postgres";
 
 /// Where the coordinator keeps its records. The key stays in the data directory either way.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,6 +42,20 @@ impl StoreLocation {
             Ok(StoreLocation::Postgres(text.to_string()))
         } else {
             Err(CoordinatorError::StoreChoice(store::postgres::redact(text)))
+        }
+    }
+
+    /// Records in `data` which kind of store its coordinator serves: an operator command that
+    /// finds no coordinator on the folder's socket must not fall back to an empty embedded store
+    /// in a folder whose fleet lives in PostgreSQL.
+    pub fn mark(&self, data: &Path) -> std::io::Result<()> {
+        let mark = data.join(POSTGRES_MARK);
+        match self {
+            StoreLocation::Postgres(_) => std::fs::write(mark, "postgres\n"),
+            StoreLocation::Embedded => match std::fs::remove_file(mark) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
         }
     }
 

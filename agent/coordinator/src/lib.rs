@@ -30,7 +30,8 @@ pub mod userdata;
 pub use bundles::{bundle_path, file_sha256};
 pub use content::BLOB_GRACE;
 pub use coordinator::{
-    Coordinator, DEFAULT_DATA, DEFAULT_PORT, KEY_FILE, STORE_FILE, StoreLocation, blobs,
+    Coordinator, DEFAULT_DATA, DEFAULT_PORT, KEY_FILE, POSTGRES_MARK, STORE_FILE, StoreLocation,
+    blobs,
 };
 pub use error::CoordinatorError;
 pub use live::{DEFAULT_FETCH_WINDOW, TicketRefusal};

@@ -421,6 +421,13 @@ fn operate(place: &Place, request: operator::Request) -> Result<operator::Answer
             }
             None => {}
         }
+        if place.store == StoreLocation::Embedded && data.join(coordinator::POSTGRES_MARK).exists()
+        {
+            anyhow::bail!(
+                "no coordinator answers on {}'s socket, and its fleet's store is in PostgreSQL: start `fleet-coordinator serve` on it again, or pass --store postgres://... to act on the store directly",
+                data.display()
+            );
+        }
         match Coordinator::open(data, &place.store) {
             Ok(coordinator) => {
                 break binary::async_runtime()?.block_on(operator::handle(
@@ -545,6 +552,8 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         &place.store,
         STORE_PATIENCE,
     )?);
+    (place.store.mark(data))
+        .with_context(|| format!("cannot record the store's kind in {}", data.display()))?;
     let mut config = serve::ServeConfig {
         advertise: String::new(),
         bundles: args.bundles.unwrap_or_else(|| data.join("bundles")),
