@@ -129,6 +129,13 @@ fn ran_once_and_finished(
     assert_eq!(std::fs::read_to_string(marks).unwrap(), "ran\n");
 }
 
+/// `run TARGET --program PROGRAM` through `coord`; answers the set's id.
+fn run_program(coord: &Coordinator, target: &[&str], program: &Path) -> String {
+    let mut run = coord.command();
+    run.arg("run").args(target).arg("--program").arg(program);
+    testkit::ok(&mut run).trim().to_string()
+}
+
 /// This build's binaries, as a release's bundle carries them.
 struct Build {
     agent: Vec<u8>,
@@ -235,12 +242,7 @@ fn a_good_release_is_kept_and_bad_ones_are_reverted_and_never_tried_again() {
         &dir.join("p.sh"),
         &format!("echo ran >> {}; sleep 4", marks.display()),
     );
-    let set = testkit::ok(
-        coord
-            .command()
-            .args(["run", "--node", "m", "--program"])
-            .arg(&program),
-    );
+    let set = run_program(&coord, &["--node", "m"], &program);
     assert!(wait_until(WAIT, || marks.exists()), "the run did not start");
     let sent = update(&coord, None);
     let said = String::from_utf8_lossy(&sent.stdout);
@@ -484,12 +486,7 @@ fn sigkill_at_random_moments_of_a_swap_leaves_the_old_or_the_new_agent_and_runs_
     assert!(wait_until(WAIT, || machine
         .log_text()
         .contains("session open")));
-    let set = testkit::ok(
-        coord
-            .command()
-            .args(["run", "--node", "m", "--program"])
-            .arg(&program),
-    );
+    let set = run_program(&coord, &["--node", "m"], &program);
     assert!(wait_until(WAIT, || marks.exists()), "the run did not start");
     // Moments spread over the swap: the fetch, the install, the switch, the exec, the trial.
     let kills = 12u64;
@@ -626,14 +623,7 @@ fn twenty_machines_upgrade_under_runs_and_kills(
             (0..10)
                 .map(|i| {
                     std::thread::sleep(Duration::from_millis(700));
-                    let coord = &coords[i % coords.len()];
-                    let set = testkit::ok(
-                        coord
-                            .command()
-                            .args(["run", "--all", "--program"])
-                            .arg(&program),
-                    );
-                    set.trim().to_string()
+                    run_program(&coords[i % coords.len()], &["--all"], &program)
                 })
                 .collect::<Vec<String>>()
         });
@@ -703,12 +693,7 @@ fn twenty_machines_upgrade_under_runs_and_kills(
         &dir.join("long.sh"),
         &format!("echo \"$PWD\" >> {}; sleep 20", marks.display()),
     );
-    let out_set = testkit::ok(
-        first
-            .command()
-            .args(["run", "--all", "--program"])
-            .arg(&long),
-    );
+    let out_set = run_program(first, &["--all"], &long);
     assert!(
         wait_until(WAIT, || std::fs::read_to_string(&marks)
             .unwrap_or_default()
