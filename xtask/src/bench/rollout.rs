@@ -92,8 +92,14 @@ pub fn run(nodes: usize) -> Result<()> {
     };
     let done_s = started.elapsed().as_secs_f64();
     let cpu_s = cpu_seconds(&bench.pids)? - cpu0;
-    let (updated, bytes) = (bench.counter("updated")?, bench.counter("update_bytes")?);
     let machines = status["machines"].as_object().map_or(0, |m| m.len());
+    // The loadgen prints its counters once a second: wait for the line that follows the last swap.
+    let counted = Instant::now();
+    while bench.counter("updated")? < machines as u64 && counted.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (updated, bytes) = (bench.counter("updated")?, bench.counter("update_bytes")?);
     bench.stop();
     let markdown = format!(
         "## rollout: one release to {nodes} nodes\n\n\
