@@ -166,7 +166,12 @@ impl Build {
 
 /// A serving coordinator whose fleet trusts the root of `keys` (before any token is minted).
 fn fleet_trusting_a_root(dir: &Path) -> (Coordinator, ReleaseKeys) {
-    let coord = Coordinator::start(&dir.join("coord"), &[]);
+    fleet_trusting_a_root_with(dir, &[])
+}
+
+/// [`fleet_trusting_a_root`] with `serve` flags besides the fast defaults.
+fn fleet_trusting_a_root_with(dir: &Path, flags: &[&str]) -> (Coordinator, ReleaseKeys) {
+    let coord = Coordinator::start(&dir.join("coord"), flags);
     let keys = ReleaseKeys::new(&dir.join("keys"));
     let trusted = testkit::ok(
         coord
@@ -586,6 +591,11 @@ fn each_ran_exactly_once(rows: &[Value], marks: &Path) {
     assert_eq!(ran.len(), rows.len(), "marks of runs no row names: {ran:?}");
 }
 
+/// The lease of the 20-machine fleets: `serve`'s default, not the tests' fast 2 s. Twenty agents
+/// killed at once and restarted by their units on a busy machine of 2 cores can each take more
+/// than 2 s to say hello again, which would end their runs `lost` (correctly, for that lease).
+const LEASE: &str = "20s";
+
 /// 20 machines under the stand-in unit, on `coords` (one on redb, or two sharing PostgreSQL,
 /// each with a controller): a rollout takes them all to the new release while 200 runs are
 /// dispatched, each back in a session soon after its swap; then 100 SIGKILLs at spread moments
@@ -803,7 +813,7 @@ fn twenty_machines_upgrade_under_runs_and_kills(
 #[test]
 fn twenty_machines_on_one_coordinator_upgrade_under_runs_and_kills() {
     let tmp = testkit::tempdir();
-    let (coord, keys) = fleet_trusting_a_root(tmp.path());
+    let (coord, keys) = fleet_trusting_a_root_with(tmp.path(), &["--lease", LEASE]);
     twenty_machines_upgrade_under_runs_and_kills(tmp.path(), std::slice::from_ref(&coord), &keys);
 }
 
@@ -813,11 +823,11 @@ fn twenty_machines_on_two_coordinators_sharing_postgres_upgrade_under_runs_and_k
     let dir = tmp.path();
     let pg = testkit::postgres::Postgres::start();
     let url = pg.fresh_database();
-    let a = Coordinator::start(&dir.join("coord-0"), &["--store", &url]);
+    let a = Coordinator::start(&dir.join("coord-0"), &["--store", &url, "--lease", LEASE]);
     std::fs::create_dir(dir.join("coord-1")).unwrap();
     let key = fleet_coordinator::KEY_FILE;
     std::fs::copy(dir.join("coord-0").join(key), dir.join("coord-1").join(key)).unwrap();
-    let b = Coordinator::start(&dir.join("coord-1"), &["--store", &url]);
+    let b = Coordinator::start(&dir.join("coord-1"), &["--store", &url, "--lease", LEASE]);
     let both = wait_until(WAIT, || {
         let join: Value = serde_json::from_str(&a.token(&[])).unwrap();
         join["alternates"].as_array().map_or(0, Vec::len) == 1
