@@ -480,7 +480,7 @@ fn agent_pid(machine: &Machine) -> Option<u32> {
 fn sigkill_at_random_moments_of_a_swap_leaves_the_old_or_the_new_agent_and_runs_once() {
     let tmp = testkit::tempdir();
     let dir = tmp.path();
-    let (coord, keys) = fleet_trusting_a_root(dir);
+    let (coord, keys) = fleet_trusting_a_root_with(dir, &["--lease", LEASE]);
     let machine = Machine::start(&dir.join("m"), &coord.token(&["--name", "m"]));
     let build = Build::read();
     let marks = dir.join("marks");
@@ -591,9 +591,10 @@ fn each_ran_exactly_once(rows: &[Value], marks: &Path) {
     assert_eq!(ran.len(), rows.len(), "marks of runs no row names: {ran:?}");
 }
 
-/// The lease of the 20-machine fleets: `serve`'s default, not the tests' fast 2 s. Twenty agents
-/// killed at once and restarted by their units on a busy machine of 2 cores can each take more
-/// than 2 s to say hello again, which would end their runs `lost` (correctly, for that lease).
+/// The lease of the fleets whose agents are killed under a run: `serve`'s default, not the tests'
+/// fast 2 s. Agents killed (twenty at once) and restarted by their units on a busy machine of 2
+/// cores can take more than 2 s to say hello again, which would end their runs `lost` (correctly,
+/// for that lease).
 const LEASE: &str = "20s";
 
 /// 20 machines under the stand-in unit, on `coords` (one on redb, or two sharing PostgreSQL,
