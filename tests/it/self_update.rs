@@ -13,6 +13,16 @@ use testkit::agent::{Coordinator, script, wait_until};
 use testkit::release::ReleaseKeys;
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// Each test here runs a fleet of real agents (up to 20) swapping 150 MB debug binaries: one at a
+/// time, so four of them at once (CI's `--test-threads=4`) do not share 2 cores.
+static ONE_FLEET_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_fleet_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_FLEET_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
 /// The trial given to the machines here (the default is 20 s).
 const TRIAL: &str = "10s";
 
@@ -221,6 +231,7 @@ fn update(coord: &Coordinator, release: Option<u64>) -> std::process::Output {
 
 #[test]
 fn a_good_release_is_kept_and_bad_ones_are_reverted_and_never_tried_again() {
+    let _fleet = one_fleet_at_a_time();
     let tmp = testkit::tempdir();
     let dir = tmp.path();
     let (coord, keys) = fleet_trusting_a_root(dir);
@@ -346,6 +357,7 @@ fn rollout_status(coord: &Coordinator) -> Value {
 
 #[test]
 fn a_rollout_takes_the_fleet_through_its_stages_and_halts_at_a_bad_canary() {
+    let _fleet = one_fleet_at_a_time();
     let tmp = testkit::tempdir();
     let dir = tmp.path();
     let (coord, keys) = fleet_trusting_a_root(dir);
@@ -478,6 +490,7 @@ fn agent_pid(machine: &Machine) -> Option<u32> {
 
 #[test]
 fn sigkill_at_random_moments_of_a_swap_leaves_the_old_or_the_new_agent_and_runs_once() {
+    let _fleet = one_fleet_at_a_time();
     let tmp = testkit::tempdir();
     let dir = tmp.path();
     let (coord, keys) = fleet_trusting_a_root_with(dir, &["--lease", LEASE]);
@@ -813,6 +826,7 @@ fn twenty_machines_upgrade_under_runs_and_kills(
 
 #[test]
 fn twenty_machines_on_one_coordinator_upgrade_under_runs_and_kills() {
+    let _fleet = one_fleet_at_a_time();
     let tmp = testkit::tempdir();
     let (coord, keys) = fleet_trusting_a_root_with(tmp.path(), &["--lease", LEASE]);
     twenty_machines_upgrade_under_runs_and_kills(tmp.path(), std::slice::from_ref(&coord), &keys);
@@ -820,6 +834,7 @@ fn twenty_machines_on_one_coordinator_upgrade_under_runs_and_kills() {
 
 #[test]
 fn twenty_machines_on_two_coordinators_sharing_postgres_upgrade_under_runs_and_kills() {
+    let _fleet = one_fleet_at_a_time();
     let tmp = testkit::tempdir();
     let dir = tmp.path();
     let pg = testkit::postgres::Postgres::start();

@@ -481,7 +481,18 @@ impl Coordinator {
             sends.spawn(async move {
                 let id = fleet_proto::NodeId::new(node.clone());
                 let sent = coordinator.send_update(&id, offer).await;
-                sent.err().map(|e| (node, e.to_string()))
+                match sent {
+                    // The node refused the release: a failure now, with the node's line.
+                    Err(e @ CoordinatorError::Refused(_)) => Some((node, e.to_string())),
+                    // Cut before an answer (it may have swapped and exec'd, the answer lost with
+                    // the connection) or not reached: its facts say how it went, or the outcome
+                    // timeout fails it.
+                    Err(e) => {
+                        tracing::info!(%node, "no answer to the release yet, waiting for its facts: {e}");
+                        None
+                    }
+                    Ok(_) => None,
+                }
             });
         }
         while let Some(done) = sends.join_next().await {
