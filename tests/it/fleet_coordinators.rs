@@ -137,29 +137,37 @@ impl Fleet {
         out.trim().to_string()
     }
 
+    /// The first run's row of `set`, read through coordinator `via`.
     fn row(&self, via: usize, set: &str) -> Value {
+        self.rows(via, set).swap_remove(0)
+    }
+
+    /// Every run's row of `set`, read through coordinator `via`.
+    fn rows(&self, via: usize, set: &str) -> Vec<Value> {
         let out = testkit::ok(
             self.coords[via]
                 .command()
                 .args(["status", "--set", set, "--json"]),
         );
-        serde_json::from_str::<Value>(&out).unwrap()[0].clone()
+        serde_json::from_str(&out).unwrap()
     }
 
-    /// Waits until every set's row is final (read through coordinator `via`); returns the rows.
+    /// Waits until every run of every set is final (read through coordinator `via`); returns each
+    /// set's first row.
     fn wait_final(&self, via: usize, sets: &[String]) -> Vec<Value> {
-        let mut rows: HashMap<&str, Value> = HashMap::new();
+        let mut rows: HashMap<&str, Vec<Value>> = HashMap::new();
+        let all_final = |runs: &Vec<Value>| !runs.is_empty() && runs.iter().all(is_final);
         let done = wait_until(Duration::from_secs(120), || {
             for set in sets {
-                if !rows.get(set.as_str()).is_some_and(is_final) {
-                    rows.insert(set, self.row(via, set));
+                if !rows.get(set.as_str()).is_some_and(all_final) {
+                    rows.insert(set, self.rows(via, set));
                 }
             }
-            rows.values().all(is_final)
+            rows.values().all(all_final)
         });
-        let open: Vec<&Value> = rows.values().filter(|r| !is_final(r)).collect();
+        let open: Vec<&Value> = (rows.values().flatten()).filter(|r| !is_final(r)).collect();
         assert!(done, "runs never ended: {open:#?}");
-        sets.iter().map(|s| rows[s.as_str()].clone()).collect()
+        sets.iter().map(|s| rows[s.as_str()][0].clone()).collect()
     }
 }
 
@@ -764,17 +772,7 @@ fn a_rolling_restart_twice_over_loses_and_doubles_nothing() {
         );
     }
     let rows = fleet.wait_final(0, &sets);
-    let runs: Vec<Value> = sets
-        .iter()
-        .flat_map(|set| {
-            let out = testkit::ok(
-                fleet.coords[0]
-                    .command()
-                    .args(["status", "--set", set, "--json"]),
-            );
-            serde_json::from_str::<Vec<Value>>(&out).unwrap()
-        })
-        .collect();
+    let runs: Vec<Value> = sets.iter().flat_map(|set| fleet.rows(0, set)).collect();
     assert_eq!(rows.len(), sets.len());
     assert_eq!(runs.len(), 500);
     for row in &runs {
