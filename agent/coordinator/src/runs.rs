@@ -790,7 +790,7 @@ impl Coordinator {
     pub(crate) fn sweep(
         &self,
         nodes: &[NodeRecord],
-        active: Vec<RunRow>,
+        active: Vec<crate::store::ActiveRun>,
         waiting_timeout_ms: u64,
         up_since_ms: u64,
         lease_ms: u64,

@@ -2,7 +2,7 @@
 //! state, runs waiting and why), what this coordinator holds (sessions, content moved, the
 //! fleet's coordinators), and the counted events, encoded in the format the scraper asked for.
 use crate::Coordinator;
-use crate::store::{NodeRecord, RunRow, Store, StoreResult};
+use crate::store::{ActiveRun, NodeRecord, Store, StoreResult};
 use fleet_proto::NodeId;
 use fleet_proto::clock::now_ms;
 use fleet_proto::run::RunState;
@@ -63,7 +63,7 @@ impl FleetCounts {
     pub(crate) fn of(
         nodes: &[NodeRecord],
         failed: usize,
-        active: &[RunRow],
+        active: &[ActiveRun],
         now: u64,
     ) -> FleetCounts {
         let mut counts = FleetCounts {
@@ -247,7 +247,7 @@ mod tests {
         .unwrap()
     }
 
-    fn waiting_run(id: &str, node: &str) -> RunRow {
+    fn waiting_run(id: &str, node: &str) -> ActiveRun {
         serde_json::from_value(json!({
             "id": id, "set_id": "s-1", "node_id": node, "state": "waiting",
             "workload": { "program": format!("sha256:{}", "0".repeat(64)) },

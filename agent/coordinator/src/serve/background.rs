@@ -247,6 +247,14 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
             if !sweeps {
                 return Ok(());
             }
+            // The sweeping coordinator keeps the planner's view of the growing tables fresh.
+            match store.refresh_statistics() {
+                Ok(tables) if !tables.is_empty() => {
+                    tracing::debug!(?tables, "tables measured again")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("cannot measure the grown tables again: {e}"),
+            }
             swept_by.sweep(
                 &nodes,
                 active,

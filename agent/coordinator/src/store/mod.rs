@@ -211,6 +211,22 @@ pub struct RunRow {
     pub queued_for: Option<crate::placement::Selector>,
 }
 
+/// A run not final, in brief: what the sweep, the census and the nodes page read of every such
+/// run, without its workload, options, report and events (100 000 queued runs read whole each
+/// heartbeat held several hundred MiB at once).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ActiveRun {
+    pub id: RunId,
+    pub node_id: NodeId,
+    pub state: RunState,
+    pub created_ms: u64,
+    /// Why it was refused or still waits, as in [`RunRow::error`].
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub queued_for: Option<crate::placement::Selector>,
+}
+
 /// The node a run queued for a match waits under until one matches; never a node's id (those
 /// are `n-` and hex).
 pub fn unplaced() -> NodeId {
@@ -385,6 +401,11 @@ pub trait Backend: Send + Sync {
     /// How many calls at once are worth running: more only queue on the database's locks or
     /// connections, each holding a thread of tokio's blocking pool meanwhile.
     fn parallel_calls(&self) -> usize;
+    /// Measures again the tables that grew past what the planner last measured (PostgreSQL:
+    /// ANALYZE, which autovacuum does only a minute or more later); returns their names.
+    fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
+        Ok(Vec::new())
+    }
     /// The store's file or database, for messages.
     fn location(&self) -> String;
     /// What is there: nothing, a coordinator store of some version, or something else.
@@ -476,6 +497,8 @@ pub trait ReadTx {
     fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>>;
     /// The ids of the runs in the active index, for one node or for all, in any order.
     fn active(&self, node_id: Option<&NodeId>) -> StoreResult<Vec<RunId>>;
+    /// Every run in the active index, in brief, in any order.
+    fn active_brief(&self) -> StoreResult<Vec<ActiveRun>>;
     /// Whether the node holds any run in the active index (one entry read, however many).
     fn holds_active(&self, node_id: &NodeId) -> StoreResult<bool>;
     /// The ids of the runs in the waiting index of one node (read by that index), in any order.

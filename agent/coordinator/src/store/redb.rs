@@ -1,7 +1,7 @@
 //! The embedded backend: one redb file, one table per record kind, records as JSON.
 use super::{
-    Backend, Beat, FleetEntry, Layout, NodeRecord, ReadTx, RunRow, StoreError, StoreResult,
-    TokenRecord, WriteTx, stored_run_id,
+    ActiveRun, Backend, Beat, FleetEntry, Layout, NodeRecord, ReadTx, RunRow, StoreError,
+    StoreResult, TokenRecord, WriteTx, stored_run_id,
 };
 use fleet_proto::{NodeId, RunId};
 use redb::{Database, ReadableTable, TableDefinition, TableHandle};
@@ -346,6 +346,17 @@ macro_rules! reads {
                         Ok(out)
                     }
                 }
+            }
+
+            fn active_brief(&self) -> StoreResult<Vec<ActiveRun>> {
+                let runs = self.tx.open_table(RUNS).map_err(fail)?;
+                let mut out = Vec::new();
+                for id in self.active(None)? {
+                    if let Some(run) = get_json::<ActiveRun>(&runs, id.as_str())? {
+                        out.push(run);
+                    }
+                }
+                Ok(out)
             }
 
             fn waiting(&self, node_id: &NodeId) -> StoreResult<Vec<RunId>> {

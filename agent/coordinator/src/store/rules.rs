@@ -1,8 +1,8 @@
 //! The intents the coordinator stores, and the rules they follow, written once over any
 //! [`Backend`].
 use super::{
-    Backend, Beat, BootstrapFailure, DispatchView, Ending, EventRecord, FleetEntry, Layout,
-    NodeEvent, NodeProtocol, NodeRecord, ReadTx, Redeemed, ReleaseRecord, Retry, RunRow,
+    ActiveRun, Backend, Beat, BootstrapFailure, DispatchView, Ending, EventRecord, FleetEntry,
+    Layout, NodeEvent, NodeProtocol, NodeRecord, ReadTx, Redeemed, ReleaseRecord, Retry, RunRow,
     SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
 };
 use fleet_proto::clock::now_ms;
@@ -66,6 +66,11 @@ impl Store {
 
     pub fn parallel_calls(&self) -> usize {
         self.backend.parallel_calls()
+    }
+
+    /// See [`Backend::refresh_statistics`].
+    pub fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
+        self.backend.refresh_statistics()
     }
 
     /// The store's file or database, for messages.
@@ -789,12 +794,10 @@ impl Store {
     }
 
     /// Every run not yet final, by id.
-    pub fn active_runs(&self) -> StoreResult<Vec<RunRow>> {
-        self.read(|tx| {
-            let mut ids = tx.active(None)?;
-            ids.sort();
-            runs_of(tx, &ids)
-        })
+    pub fn active_runs(&self) -> StoreResult<Vec<ActiveRun>> {
+        let mut runs = self.read(|tx| tx.active_brief())?;
+        runs.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        Ok(runs)
     }
 
     /// The runs waiting for `node_id` that it has not accepted yet, oldest first (by id among
