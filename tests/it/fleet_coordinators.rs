@@ -796,16 +796,15 @@ fn a_rolling_restart_twice_over_loses_and_doubles_nothing() {
     }
 }
 
-/// A node whose coordinator restarted moves to another, then goes back to the one it joined
-/// through once that answers again (it dials home every 15 to 45 s): restart after restart, the
-/// sessions do not pile up on the coordinators restarted last.
+/// A node whose coordinator died (SIGKILL, started again) moves to another at once, then goes
+/// back to the one it joined through once that answers again (it dials home every 15 to 45 s):
+/// restart after restart, the sessions do not pile up on the coordinators restarted last.
 #[test]
 fn a_node_goes_back_to_its_coordinator_once_it_is_up_again() {
     let mut fleet = Fleet::new(2);
     let a = fleet.add_agent("m", 0);
     assert_eq!(fleet.holder(a), 0);
-    let exited = fleet.coords[0].restart_gracefully();
-    assert!(exited.is_some_and(|s| s.success()), "exited {exited:?}");
+    fleet.coords[0].restart();
     let home = wait_until(Duration::from_secs(120), || {
         fleet.agents[a].count("going back to the coordinator it joined through") >= 1
             && fleet.holder(a) == 0
@@ -823,6 +822,32 @@ fn a_node_goes_back_to_its_coordinator_once_it_is_up_again() {
             .iter()
             .any(|l| l.contains(&format!("coordinator={b}"))),
         "{log}"
+    );
+}
+
+/// A coordinator stopped by its operator (SIGTERM) says so to its sessions: its node dials it
+/// again while it starts (a restart), instead of moving to another and coming home later.
+#[test]
+fn a_node_waits_for_its_coordinator_to_restart_instead_of_moving() {
+    let mut fleet = Fleet::new(2);
+    let a = fleet.add_agent("m", 0);
+    assert_eq!(fleet.holder(a), 0);
+    let opened = fleet.agents[a].count("session open");
+    let exited = fleet.coords[0].restart_gracefully();
+    assert!(exited.is_some_and(|s| s.success()), "exited {exited:?}");
+    let back = wait_until(WAIT, || fleet.agents[a].count("session open") > opened);
+    let log = fleet.agents[a].log_text();
+    assert!(back, "{log}");
+    assert_eq!(fleet.holder(a), 0, "{log}");
+    assert!(
+        log.contains("the coordinator stops serving (its operator stopped or restarted it)"),
+        "{log}"
+    );
+    let b = &fleet.coords[1].addr;
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("session open") && l.contains(&format!("coordinator={b}"))),
+        "it moved to {b}: {log}"
     );
 }
 

@@ -291,6 +291,24 @@ fn a_good_release_is_kept_and_bad_ones_are_reverted_and_never_tried_again() {
     );
     // The run out at the swap was re-adopted and reported once: it ran once and finished.
     ran_once_and_finished(&coord, &machine, set.trim(), &marks, WAIT);
+    // The release's folder holds the binaries; the content cache keeps no second copy.
+    for (name, bytes) in [
+        ("fleet-agent", &build.agent),
+        ("fleet-run-supervisor", &build.supervisor),
+    ] {
+        let digest = testkit::oci::sha256_digest(bytes);
+        let hex = digest.trim_start_matches("sha256:");
+        let cached = machine.dir.join("state/content/sha256").join(hex);
+        assert!(
+            !cached.exists(),
+            "{name} is still cached at {}",
+            cached.display()
+        );
+        assert_eq!(
+            &std::fs::read(machine.opt().join("releases/5").join(name)).unwrap(),
+            bytes
+        );
+    }
 
     // Bad releases, each reverted to 5 within 30 s, named in the facts, and never tried again.
     let mut bad = bad_releases();

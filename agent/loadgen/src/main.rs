@@ -237,6 +237,10 @@ async fn node(
                 continue;
             }
             Ok(Left::Ended) => backoff.reset(),
+            Ok(Left::Stopping) => {
+                backoff.reset();
+                coordinators.stopping();
+            }
             Err(e) => eprintln!("{node_id}: session at {address} ended: {e:#}"),
         }
         coordinators.advance();
@@ -248,6 +252,8 @@ async fn node(
 enum Left {
     /// It was open, and the coordinator ended it.
     Ended,
+    /// It was open, and the coordinator said it stops (a shutdown or a restart).
+    Stopping,
     /// It was open away from home, and home took this connection.
     Home(Box<Dialed>),
 }
@@ -338,6 +344,7 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
                     }
                 }
                 Some(Ok(Some(Down::Ack { up_to }))) => node.spool.unacked.retain(|e| e.id > up_to),
+                Some(Ok(Some(Down::Stopping))) => break Ok(Left::Stopping),
                 Some(Ok(Some(_))) => {}
                 Some(Err(e)) => break Err(e.into()),
                 None | Some(Ok(None)) => break Ok(Left::Ended),

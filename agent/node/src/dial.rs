@@ -7,6 +7,10 @@ use std::time::Duration;
 
 /// How long a dial home may take before the node stays where it is, to look again later.
 const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a node whose coordinator said it stops (a shutdown, most often a restart) keeps
+/// dialing that one before it moves on: a restart's nodes come back to it instead of crowding
+/// the others and coming home later.
+pub const RESTART_WINDOW: Duration = Duration::from_secs(10);
 
 /// The fleet's coordinators as this node knows them, and the one it talks to now; shared by the
 /// session (which moves on when its coordinator does not answer) and the content path (which
@@ -18,6 +22,8 @@ pub struct Coordinators(Arc<Mutex<Known>>);
 struct Known {
     addresses: Vec<String>,
     current: usize,
+    /// Until when the current coordinator is dialed again after it said it stops.
+    stay_until: Option<std::time::Instant>,
 }
 
 impl Coordinators {
@@ -33,6 +39,7 @@ impl Coordinators {
         Coordinators(Arc::new(Mutex::new(Known {
             addresses,
             current: 0,
+            stay_until: None,
         })))
     }
 
@@ -44,13 +51,39 @@ impl Coordinators {
         known.addresses[known.current].clone()
     }
 
-    /// Moves on to the next coordinator (the current one did not answer).
+    /// Moves on to the next coordinator (the current one did not answer), unless the current
+    /// one said it stops less than [`RESTART_WINDOW`] ago: it may be restarting.
     pub fn advance(&self) {
+        self.advance_at(std::time::Instant::now());
+    }
+
+    fn advance_at(&self, now: std::time::Instant) {
         let mut known = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if known.stay_until.is_some_and(|until| now < until) {
+            return;
+        }
+        known.stay_until = None;
         known.current = (known.current + 1) % known.addresses.len();
+    }
+
+    /// The current coordinator said it stops: it is dialed again, not the next one, for
+    /// [`RESTART_WINDOW`] from now (or from the word that began a window still open, so one that
+    /// keeps stopping sessions is left once that window ends).
+    pub fn stopping(&self) {
+        self.stopping_at(std::time::Instant::now());
+    }
+
+    fn stopping_at(&self, now: std::time::Instant) {
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if known.stay_until.is_none_or(|until| until <= now) {
+            known.stay_until = Some(now + RESTART_WINDOW);
+        }
     }
 
     /// Every coordinator known, the current one first.
@@ -128,4 +161,50 @@ pub async fn dial(
     validity: Duration,
 ) -> Result<Dialed, DialError> {
     fleet_proto::dial::dial(address, &identity.key, pinned, validity).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn three() -> Coordinators {
+        Coordinators::new(vec!["a:1".into(), "b:1".into(), "c:1".into()])
+    }
+
+    #[test]
+    fn a_failed_coordinator_is_left_at_once() {
+        let known = three();
+        known.advance();
+        assert_ne!(known.current(), "a:1");
+    }
+
+    #[test]
+    fn a_stopping_coordinator_is_dialed_again_for_the_restart_window_then_left() {
+        let known = three();
+        let t0 = Instant::now();
+        known.stopping_at(t0);
+        known.advance_at(t0 + Duration::from_millis(200));
+        known.advance_at(t0 + RESTART_WINDOW - Duration::from_millis(1));
+        assert_eq!(known.current(), "a:1", "still within the window");
+        known.advance_at(t0 + RESTART_WINDOW);
+        assert_ne!(known.current(), "a:1", "the window is over");
+    }
+
+    #[test]
+    fn a_coordinator_that_keeps_stopping_sessions_is_left_when_the_first_window_ends() {
+        let known = three();
+        let t0 = Instant::now();
+        known.stopping_at(t0);
+        // Welcomed again and stopped again, within the window: the window does not grow.
+        known.stopping_at(t0 + Duration::from_secs(5));
+        known.advance_at(t0 + RESTART_WINDOW);
+        assert_ne!(known.current(), "a:1");
+        // The next one stopping, later, begins a window of its own.
+        let next = known.current();
+        let t1 = t0 + RESTART_WINDOW * 3;
+        known.stopping_at(t1);
+        known.advance_at(t1 + Duration::from_secs(1));
+        assert_eq!(known.current(), next);
+    }
 }

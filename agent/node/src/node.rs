@@ -147,7 +147,20 @@ impl Node {
             Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Update { release } => match &self.releases {
                 Some(releases) => {
-                    let taken = releases.take(release, &|digest| self.fetch(digest));
+                    let fetched = std::sync::Mutex::new(Vec::new());
+                    let taken = releases.take(release, &|digest| {
+                        fetched
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(*digest);
+                        self.fetch(digest)
+                    });
+                    // The release's folder holds its own copy: the cache's would only take a
+                    // second agent's worth of disk until the prune.
+                    let fetched = fetched.into_inner().unwrap_or_else(|e| e.into_inner());
+                    if let Err(e) = self.remove_unreferred(fetched) {
+                        tracing::warn!("cannot drop a release's fetched binaries: {e}");
+                    }
                     if taken.is_err() {
                         // The refusal is in the facts too, for whoever reads `nodes`.
                         self.facts_changed.notify_one();
@@ -176,22 +189,28 @@ impl Node {
     /// store's retention retired the run, or never made: a stage no run followed), once
     /// untouched for `grace`, and what fetches left unfinished; returns the digests removed.
     pub fn prune_content(&self, grace: Duration) -> Result<Vec<Digest>, StateError> {
-        let runs = self.store.runs()?;
-        let referred: std::collections::HashSet<&Digest> =
-            runs.iter().flat_map(|r| r.content()).collect();
         let held = self.blobs.list().unwrap_or_default();
-        let mut removed = Vec::new();
-        for (digest, age) in held {
-            if age >= grace
-                && !referred.contains(&digest)
-                && std::fs::remove_file(self.blobs.path(&digest)).is_ok()
-            {
-                tracing::info!(%digest, "removed content no run refers to");
-                removed.push(digest);
-            }
+        let old = held.into_iter().filter(|(_, age)| *age >= grace);
+        let removed = self.remove_unreferred(old.map(|(digest, _)| digest))?;
+        for digest in &removed {
+            tracing::info!(%digest, "removed content no run refers to");
         }
         let _ = self.blobs.remove_stale(grace);
         Ok(removed)
+    }
+
+    /// Removes each of `digests` that no run record refers to; returns those removed.
+    fn remove_unreferred(
+        &self,
+        digests: impl IntoIterator<Item = Digest>,
+    ) -> Result<Vec<Digest>, StateError> {
+        let runs = self.store.runs()?;
+        let referred: std::collections::HashSet<&Digest> =
+            runs.iter().flat_map(|r| r.content()).collect();
+        Ok(digests
+            .into_iter()
+            .filter(|d| !referred.contains(d) && std::fs::remove_file(self.blobs.path(d)).is_ok())
+            .collect())
     }
 
     /// [`Node::prune_content`] with [`CONTENT_GRACE`], at most once a minute.

@@ -106,6 +106,8 @@ enum Ended {
     Refused,
     #[error("the coordinator closed the session")]
     Closed,
+    #[error("the coordinator stops serving (its operator stopped or restarted it)")]
+    Stopping,
     #[error("the session failed: {0}")]
     Frame(#[from] FrameError),
     #[error("no welcome from the coordinator within {} s", WELCOME_TIMEOUT.as_secs())]
@@ -156,7 +158,11 @@ pub async fn run(
             Ended::ByOperator(end) => return Ok(end),
             ended => {
                 let address = coordinators.current();
-                // The fleet's coordinators are equivalent: the next try goes to the next one.
+                if matches!(ended, Ended::Stopping) {
+                    coordinators.stopping();
+                }
+                // The fleet's coordinators are equivalent: the next try goes to the next one,
+                // unless this one said it stops just now (it may be restarting).
                 coordinators.advance();
                 let delay = backoff.next_delay();
                 tracing::warn!(
@@ -355,6 +361,7 @@ impl Session<'_> {
                         }
                     }
                     Some(Ok(Some(Ok(Down::Ended { end })))) => return Ended::ByOperator(end),
+                    Some(Ok(Some(Ok(Down::Stopping)))) => return Ended::Stopping,
                     Some(Ok(Some(Ok(Down::Coordinators { coordinators })))) => {
                         // Kept with the membership, so a restarted agent knows them too.
                         if self.coordinators.learn(&coordinators) {

@@ -165,6 +165,13 @@ pub enum Down {
     /// The fleet's operator ended this node: its key is refused from now on, on every
     /// coordinator. Sent instead of a welcome, or in an open session, which then ends.
     Ended { end: NodeEnd },
+    /// In an open session, which then ends: this coordinator stops serving on its operator's
+    /// word (SIGTERM), most often to start again; the node dials it again for a while before it
+    /// moves on. A coordinator that dies says nothing, and its nodes move on at once. Sent from
+    /// [`ProtocolVersion::STOPPING_SAID`] on.
+    ///
+    /// [`ProtocolVersion::STOPPING_SAID`]: crate::version::ProtocolVersion::STOPPING_SAID
+    Stopping,
 }
 
 /// How the operator ended a node; either way its key is refused from then on.

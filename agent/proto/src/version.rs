@@ -15,6 +15,8 @@ impl ProtocolVersion {
     pub const FIRST: ProtocolVersion = ProtocolVersion(1);
     /// What this build speaks best: version 1 and the versions stated in every first message.
     pub const CURRENT: ProtocolVersion = ProtocolVersion(2);
+    /// The first version whose coordinator says it stops before it ends a session.
+    pub const STOPPING_SAID: ProtocolVersion = ProtocolVersion(2);
 }
 
 impl fmt::Display for ProtocolVersion {

@@ -133,6 +133,7 @@ pub(super) async fn session(
         members,
         slot: SlotWait::No,
         full_since: None,
+        protocol,
     };
     // Boxed: a session's task would otherwise hold room for the welcome's futures beside the
     // serving loop's for as long as it lives (weeks), in every one of thousands of sessions.
@@ -173,6 +174,8 @@ struct Link<'a, W> {
     /// Since when the node has had no room for the runs that wait for it, as last read: a
     /// wake-up then changes nothing until a run ends or the capacity changes.
     full_since: Option<tokio::time::Instant>,
+    /// The version the session speaks.
+    protocol: ProtocolVersion,
 }
 
 /// A session's turn in the fetch window.
@@ -254,6 +257,9 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     }
                     () = stopped(&mut stopping) => {
                         tracing::info!(%node_id, generation = self.generation, "session closed: the coordinator stops serving");
+                        if self.protocol >= ProtocolVersion::STOPPING_SAID {
+                            protocol::write_msg(&mut self.writer, &Down::Stopping).await?;
+                        }
                         return Ok(());
                     }
                     capacity_changed = wake.woken() => {
