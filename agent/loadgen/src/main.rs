@@ -311,10 +311,16 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
     }
     let (mut reader, mut writer) = tokio::io::split(stream);
     let (inbox_tx, mut inbox) = tokio::sync::mpsc::channel(16);
+    // As the agent does: a stop said is noted as it is read, whatever a write meets meanwhile.
+    let said_stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = said_stopping.clone();
     // A reader task of its own: a read cancelled halfway through a frame would lose it.
     let reading = tokio::spawn(async move {
         loop {
             let msg = protocol::read_msg::<_, Down>(&mut reader).await;
+            if let Ok(Some(Down::Stopping)) = msg {
+                stopping.store(true, Ordering::SeqCst);
+            }
             let end = !matches!(msg, Ok(Some(_)));
             if inbox_tx.send(msg).await.is_err() || end {
                 return;
@@ -352,7 +358,11 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
         }
     };
     reading.abort();
-    ended
+    match (said_stopping.load(Ordering::SeqCst), ended) {
+        (true, Ok(Left::Home(dialed))) => Ok(Left::Home(dialed)),
+        (true, _) => Ok(Left::Stopping),
+        (false, ended) => ended,
+    }
 }
 
 /// One simulated node across its sessions.

@@ -261,20 +261,31 @@ impl Session<'_> {
         let (reader, mut writer) = tokio::io::split(dialed.stream);
         // A reader task of its own: a read cancelled halfway through a frame would lose it.
         let (tx, mut inbox) = tokio::sync::mpsc::channel::<Inbound>(64);
+        // Noted as it is read: a heartbeat written meanwhile to the closing stream must not pass
+        // for a coordinator that died.
+        let said_stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = said_stopping.clone();
         let reading = tokio::spawn(async move {
             let mut reader = reader;
             loop {
                 let msg = protocol::read_msg::<_, serde_json::Value>(&mut reader).await;
                 let end = !matches!(msg, Ok(Some(_)));
                 let msg = msg.map(|m| m.map(parse_down));
+                if let Ok(Some(Ok(Down::Stopping))) = msg {
+                    stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
                 if tx.send(msg).await.is_err() || end {
                     return;
                 }
             }
         });
-        let ended = self
+        let mut ended = self
             .serve(&mut writer, &mut inbox, generation, heartbeat_ms, started)
             .await;
+        let went = matches!(ended, Ended::Home(_) | Ended::ByOperator(_));
+        if said_stopping.load(std::sync::atomic::Ordering::SeqCst) && !went {
+            ended = Ended::Stopping;
+        }
         self.node
             .in_session
             .store(false, std::sync::atomic::Ordering::SeqCst);

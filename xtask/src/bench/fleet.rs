@@ -502,7 +502,8 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
          {k} `fleet-coordinator serve` (static `{TARGET}` release, one PostgreSQL 15, heartbeat \
          {hb} s, lease {lease} s, metrics off) and {nodes} simulated nodes from `fleet-loadgen` \
          (one process per coordinator). Before each restart, a run to every node through the next \
-         coordinator; then the coordinator is sent SIGTERM and started again on its address, and \
+         coordinator; then the coordinator is sent SIGTERM (it tells each session it stops, and \
+         the node dials it again for 10 s before moving on) and started again on its address, and \
          the next restart waits until the nodes it held are back home (each coordinator holding \
          97% of its share of the sessions, counted with `ss`). One run, on one machine of 2 cores \
          shared by every process.\n\n\
