@@ -97,6 +97,13 @@ fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>, recorder: &Reco
                 Err(_) => break,
             }
         }
+        // A change whose session is gone (cut at a shutdown's grace, or its connection died) is
+        // left, as a crash would leave it: its node sends its events and answers again in its
+        // next session. A shutdown then waits for no backlog of changes nobody reads.
+        batch.retain(|(_, answer)| !answer.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         let (changes, answers): (Vec<Change>, Vec<_>) = batch.into_iter().unzip();
         let started = Instant::now();
         let applied = apply_through_outages(store, &changes);
@@ -104,5 +111,51 @@ fn write_batches(store: &Store, inbox: &mpsc::Receiver<Request>, recorder: &Reco
         for (answer, applied) in answers.into_iter().zip(applied) {
             let _ = answer.send(applied);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{KEEP_FINAL_RUNS, RedbBackend, TokenRecord};
+    use fleet_proto::NodeId;
+    use fleet_proto::version::ProtocolVersion;
+
+    fn open_session(node_id: &NodeId) -> Change {
+        Change::OpenSession {
+            node_id: node_id.clone(),
+            lease_until_ms: 60_000,
+            at: None,
+            protocol: ProtocolVersion::CURRENT,
+        }
+    }
+
+    #[test]
+    fn a_change_no_session_waits_for_any_more_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = RedbBackend::open(&dir.path().join("store.redb")).unwrap();
+        let store = Arc::new(Store::open(Box::new(backend), KEEP_FINAL_RUNS).unwrap());
+        let token = TokenRecord {
+            expires_at_ms: u64::MAX,
+            name: None,
+            labels: Default::default(),
+            spent_by: None,
+            bootstrap_failure: None,
+        };
+        let node = NodeId::new("n-a");
+        store.add_token("hash", &token, 0).unwrap();
+        let joined = store.redeem("hash", "ed25519:key-a", &node, 1, 1_000);
+        assert!(joined.unwrap().is_some());
+        let committer = Committer::start(store, Recorder::default());
+        // Its session was cut before the writer took it.
+        let (answer, answered) = oneshot::channel();
+        drop(answered);
+        let requests = committer.requests.as_ref().unwrap();
+        requests.send((open_session(&node), answer)).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let applied = runtime.block_on(committer.submit(open_session(&node)));
+        assert_eq!(applied.unwrap(), Applied::Generation(1));
     }
 }
