@@ -851,6 +851,42 @@ fn a_node_waits_for_its_coordinator_to_restart_instead_of_moving() {
     );
 }
 
+/// A coordinator stopped by its operator gives the nodes it held two leases to hold a session
+/// again: a node that first waits for it to come back (10 s), then moves, keeps its run, which
+/// would be judged lost after one lease (8 s here).
+#[test]
+fn a_stopped_coordinators_node_keeps_its_run_while_it_waits_and_moves() {
+    let mut fleet = Fleet::with_flags(2, &["--lease", "8s"]);
+    let a = fleet.add_agent("m", 0);
+    assert_eq!(fleet.holder(a), 0);
+    let (effects, program) = fleet.effect_program("sleep 16");
+    let set = fleet.run(1, "m", &program, "once");
+    let running = wait_until(WAIT, || fleet.row(1, &set)["state"] == "running");
+    assert!(running, "{:#}", fleet.row(1, &set));
+    let exited = fleet.coords[0].stop_gracefully();
+    assert!(exited.is_some_and(|s| s.success()), "exited {exited:?}");
+    let moved = wait_until(WAIT, || fleet.holder(a) == 1);
+    assert!(moved, "{}", fleet.agents[a].log_text());
+    let row = fleet
+        .wait_final(1, std::slice::from_ref(&set))
+        .swap_remove(0);
+    let logs = || {
+        let coordinators: Vec<String> = fleet.coords.iter().map(|c| c.log_text()).collect();
+        format!(
+            "{}\n{}",
+            coordinators.join("\n"),
+            fleet.agents[a].log_text()
+        )
+    };
+    assert_eq!(row["state"], "finished", "{row:#}\n{}", logs());
+    assert_eq!(std::fs::read_to_string(&effects).unwrap(), "once\n");
+    let told = fleet.coords[0].log_text();
+    assert!(
+        told.contains("the nodes held here have two leases to be back nodes=1"),
+        "{told}"
+    );
+}
+
 /// The database down while a node says hello: the node is told why in its own line (not "it does
 /// not know this node"), the coordinator logs it at WARN, and once the database is back the node
 /// holds a session again.

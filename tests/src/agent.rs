@@ -154,16 +154,21 @@ impl Coordinator {
     /// Stops it as an operator does (SIGTERM: its sessions are told to go, and it drains), waits
     /// for it to exit, and starts it again on the same port and data; returns how it exited.
     pub fn restart_gracefully(&mut self) -> Option<ExitStatus> {
+        let exited = self.stop_gracefully();
+        self.kill();
+        self.spawn();
+        exited
+    }
+
+    /// Stops it as an operator does (SIGTERM) and waits for it to exit; returns how it exited.
+    pub fn stop_gracefully(&mut self) -> Option<ExitStatus> {
         let term = crate::output(
             Command::new("kill")
                 .args(["-TERM", &self.pid().to_string()])
                 .stdin(Stdio::null()),
         );
         assert!(term.status.success(), "kill -TERM failed");
-        let exited = self.wait_exit(Duration::from_secs(60));
-        self.kill();
-        self.spawn();
-        exited
+        self.wait_exit(Duration::from_secs(60))
     }
 
     /// `fleet-coordinator token` with extra flags; returns the join file's JSON text.

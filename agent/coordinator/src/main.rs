@@ -567,7 +567,8 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         content_copies: args.content_copies as usize,
         fetch_window: args.fetch_window as usize,
     };
-    binary::async_runtime()?.block_on(async {
+    let runtime = binary::async_runtime()?;
+    let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -593,7 +594,16 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         socket.abort();
         let _ = std::fs::remove_file(operator::socket_path(data));
         served.context("the coordinator stopped")
-    })
+    });
+    // The blocking pool's store calls end and the store closes before the process exits.
+    let closing = std::time::Instant::now();
+    drop(runtime);
+    drop(coordinator);
+    tracing::info!(
+        closing_ms = closing.elapsed().as_millis() as u64,
+        "store closed, exiting"
+    );
+    served
 }
 
 /// The diagnostic listener `--metrics-listen` asks for (none for `off`), checked before serving.

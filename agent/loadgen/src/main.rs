@@ -243,8 +243,7 @@ async fn node(
             }
             Err(e) => eprintln!("{node_id}: session at {address} ended: {e:#}"),
         }
-        coordinators.advance();
-        tokio::time::sleep(backoff.next_delay()).await;
+        tokio::time::sleep(coordinators.advance_after(&mut backoff)).await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! The agent's one way out: the pinned dial of `fleet_proto::dial` with the node key, to the
 //! coordinator of the fleet it talks to now.
+use crate::backoff::Backoff;
 use crate::identity::Identity;
 pub use fleet_proto::dial::{DialError, Dialed};
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,19 @@ const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// dialing that one before it moves on: a restart's nodes come back to it instead of crowding
 /// the others and coming home later.
 pub const RESTART_WINDOW: Duration = Duration::from_secs(10);
+
+/// What [`Coordinators::advance`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Advanced {
+    /// The current coordinator said it stops within [`RESTART_WINDOW`]: it is dialed again;
+    /// the window ends `left` from now.
+    Stayed { left: Duration },
+    /// On to the next coordinator.
+    Moved,
+    /// On to the next coordinator, the stopped one's window having ended without it back: the
+    /// next one has not failed, so it is dialed without the backoff grown on the stopped one.
+    AfterWindow,
+}
 
 /// The fleet's coordinators as this node knows them, and the one it talks to now; shared by the
 /// session (which moves on when its coordinator does not answer) and the content path (which
@@ -53,20 +67,38 @@ impl Coordinators {
 
     /// Moves on to the next coordinator (the current one did not answer), unless the current
     /// one said it stops less than [`RESTART_WINDOW`] ago: it may be restarting.
-    pub fn advance(&self) {
-        self.advance_at(std::time::Instant::now());
+    fn advance(&self) -> Advanced {
+        self.advance_at(std::time::Instant::now())
     }
 
-    fn advance_at(&self, now: std::time::Instant) {
+    /// [`Coordinators::advance`], answering how long to wait before the next dial: the
+    /// backoff's next wait, no later than the end of a restart window, and from the start again
+    /// once the window ended.
+    pub fn advance_after(&self, backoff: &mut Backoff) -> Duration {
+        match self.advance() {
+            Advanced::Stayed { left } => backoff.next_delay().min(left),
+            Advanced::Moved => backoff.next_delay(),
+            Advanced::AfterWindow => {
+                backoff.reset();
+                backoff.next_delay()
+            }
+        }
+    }
+
+    fn advance_at(&self, now: std::time::Instant) -> Advanced {
         let mut known = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if known.stay_until.is_some_and(|until| now < until) {
-            return;
+        if let Some(until) = known.stay_until.filter(|until| now < *until) {
+            return Advanced::Stayed { left: until - now };
         }
-        known.stay_until = None;
+        let window = known.stay_until.take();
         known.current = (known.current + 1) % known.addresses.len();
+        match window {
+            Some(_) => Advanced::AfterWindow,
+            None => Advanced::Moved,
+        }
     }
 
     /// The current coordinator said it stops: it is dialed again, not the next one, for
@@ -184,11 +216,21 @@ mod tests {
         let known = three();
         let t0 = Instant::now();
         known.stopping_at(t0);
-        known.advance_at(t0 + Duration::from_millis(200));
+        assert_eq!(
+            known.advance_at(t0 + Duration::from_millis(200)),
+            Advanced::Stayed {
+                left: RESTART_WINDOW - Duration::from_millis(200)
+            }
+        );
         known.advance_at(t0 + RESTART_WINDOW - Duration::from_millis(1));
         assert_eq!(known.current(), "a:1", "still within the window");
-        known.advance_at(t0 + RESTART_WINDOW);
+        assert_eq!(known.advance_at(t0 + RESTART_WINDOW), Advanced::AfterWindow);
         assert_ne!(known.current(), "a:1", "the window is over");
+        assert_eq!(
+            known.advance_at(t0 + RESTART_WINDOW * 2),
+            Advanced::Moved,
+            "only the move that ends a window says so"
+        );
     }
 
     #[test]

@@ -163,8 +163,7 @@ pub async fn run(
                 }
                 // The fleet's coordinators are equivalent: the next try goes to the next one,
                 // unless this one said it stops just now (it may be restarting).
-                coordinators.advance();
-                let delay = backoff.next_delay();
+                let delay = coordinators.advance_after(&mut backoff);
                 tracing::warn!(
                     %address,
                     next = %coordinators.current(),

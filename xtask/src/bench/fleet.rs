@@ -184,9 +184,12 @@ impl Bench {
         Ok((started.elapsed().as_secs_f64(), peak_kib))
     }
 
-    /// SIGTERMs coordinator `i` and starts it again on the same address, data and flags.
-    fn restart(&mut self, i: usize) -> Result<()> {
+    /// SIGTERMs coordinator `i` and starts it again on the same address, data and flags;
+    /// returns how long it took to exit and how long the new one took to listen.
+    fn restart(&mut self, i: usize) -> Result<(Duration, Duration)> {
+        let signalled = Instant::now();
         self.coords[i].terminate()?;
+        let exited = Instant::now();
         let log = std::fs::OpenOptions::new()
             .append(true)
             .open(self.work.join(format!("coord-{i}.log")))?;
@@ -200,7 +203,7 @@ impl Bench {
             Stdio::from(log),
         )?;
         self.pids[i] = self.coords[i].pid();
-        Ok(())
+        Ok((exited - signalled, exited.elapsed()))
     }
 
     pub(super) fn stop(self) {
@@ -414,7 +417,7 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
         let via = (i + 1) % k;
         sets.push((via, bench.coords[via].run_set(&program, &[])?));
         let (finished0, started) = (bench.counter("finished")?, Instant::now());
-        bench.restart(i)?;
+        let (exit, listen) = bench.restart(i)?;
         // The loadgens' counters come once a second: the next ones show the sessions it held
         // gone, and then back.
         std::thread::sleep(Duration::from_millis(1500));
@@ -453,7 +456,9 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
         let ended = bench.counter("finished")? - finished0;
         slowest = slowest.max(back);
         rows.push(format!(
-            "| coord-{i} restarted (SIGTERM, started again) | {back:.1} s | {balanced:.1} s | {ended} |"
+            "| coord-{i} restarted (SIGTERM, started again) | {:.1} s / {:.1} s | {back:.1} s | {balanced:.1} s | {ended} |",
+            exit.as_secs_f64(),
+            listen.as_secs_f64()
         ));
     }
     let runs = all * k as u64;
@@ -507,7 +512,7 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
          the next restart waits until the nodes it held are back home (each coordinator holding \
          97% of its share of the sessions, counted with `ss`). One run, on one machine of 2 cores \
          shared by every process.\n\n\
-         | restart | every node in session again | each coordinator holding its share again | runs ended meanwhile |\n|---|---|---|---|\n{}\n\n\
+         | restart | SIGTERM to exit / start to listening | every node in session again | each coordinator holding its share again | runs ended meanwhile |\n|---|---|---|---|---|\n{}\n\n\
          | figure | value | target (issue 21) |\n|---|---|---|\n\
          | every node back after each restart | {slowest:.1} s at most | within two leases ({two} s) |\n\
          | runs: rows final / finished / started by the nodes | {runs} / {runs} / {starts} | none lost or doubled |\n\

@@ -162,6 +162,11 @@ impl Sessions {
         self.accepting.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// The nodes whose session is held here now.
+    pub(crate) fn held(&self) -> Vec<NodeId> {
+        self.by_node.lock().keys().cloned().collect()
+    }
+
     /// How many sessions are held here now.
     pub(crate) fn count(&self) -> usize {
         self.by_node.lock().len()

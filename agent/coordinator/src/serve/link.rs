@@ -27,6 +27,9 @@ use tokio_rustls::server::TlsStream;
 /// reconnects (to another coordinator of the fleet, or to this one once it is back).
 pub(super) type Stopping = watch::Receiver<bool>;
 
+/// How long a session busy with the store when the coordinator stops gets to finish by itself.
+const STOP_PREEMPTS_AFTER: Duration = Duration::from_secs(1);
+
 /// Resolves once the coordinator stops serving (or is gone).
 async fn stopped(stopping: &mut Stopping) {
     // The value's guard is dropped here: it must not live in a session's future.
@@ -236,7 +239,8 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
         let window = self.coordinator.fetch_window();
         // Kept across turns of the loop, so the session keeps its place in the window's queue.
         let mut next_slot: Option<Pin<Box<dyn Future<Output = FetchSlot> + Send + '_>>> = None;
-        let result = async {
+        let mut told = stopping.clone();
+        let work = async {
             self.dispatch().await?;
             loop {
                 if matches!(self.slot, SlotWait::Waiting) && next_slot.is_none() {
@@ -309,10 +313,31 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                     }
                 }
             }
-        }
-        .await;
+        };
+        // A session still waiting on the store a moment after the stop is cut short there, as a
+        // crash would cut it (what it had not answered, its node sends again), and told.
+        let finished = {
+            tokio::pin!(work);
+            tokio::select! {
+                biased;
+                result = &mut work => Some(result),
+                () = async {
+                    stopped(&mut told).await;
+                    tokio::time::sleep(STOP_PREEMPTS_AFTER).await;
+                } => None,
+            }
+        };
         reading.abort();
-        result
+        match finished {
+            Some(result) => result,
+            None => {
+                tracing::info!(%node_id, generation = self.generation, "session closed: the coordinator stops serving (its store work cut short)");
+                if self.protocol >= ProtocolVersion::STOPPING_SAID {
+                    protocol::write_msg(&mut self.writer, &Down::Stopping).await?;
+                }
+                Ok(())
+            }
+        }
     }
 
     fn op_id(&mut self, kind: &str) -> OpId {

@@ -45,6 +45,39 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
 }
 
+/// How many leases the nodes of a coordinator that stops get to hold a session again before
+/// their runs are judged lost: they dial it again first, and a fleet's worth of sessions opens
+/// at a bounded rate (as Nomad gives every node a fresh, longer TTL after a leader changes).
+const LEASES_THROUGH_A_STOP: u32 = 2;
+
+/// Gives every node whose session is held here [`LEASES_THROUGH_A_STOP`] leases from now
+/// (never shortening one); answers how many.
+async fn lease_through_restart(
+    coordinator: Arc<Coordinator>,
+    lease: Duration,
+) -> crate::store::StoreResult<usize> {
+    let lease_ms = (lease * LEASES_THROUGH_A_STOP).as_millis() as u64;
+    let beats: Vec<_> = (coordinator.sessions().held().iter())
+        .map(|node_id| crate::live::beat_now(node_id, lease_ms))
+        .collect();
+    let nodes = beats.len();
+    coordinator
+        .with_store_unqueued(move |store| {
+            // Rows a commit held at that moment are written again, a few times.
+            let mut left = store.write_leases(&beats)?;
+            for _ in 0..5 {
+                if left.is_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                left = store.write_leases(&left)?;
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(nodes)
+}
+
 /// Serves until `shutdown` resolves, then drains.
 pub async fn serve(
     coordinator: Arc<Coordinator>,
@@ -145,9 +178,27 @@ pub async fn serve(
     drop(listener);
     coordinator.sessions().set_accepting(false);
     let sessions = coordinator.sessions().count();
+    let extended = tokio::spawn(lease_through_restart(coordinator.clone(), config.lease));
     let _ = stop.send(true);
     let drained = connections.drain(config.shutdown_grace).await;
     drop(background);
+    // Out of the fleet at once, not a lease from now: another coordinator sweeps the runs.
+    let address = config.advertise.clone();
+    let left = coordinator
+        .with_store_unqueued(move |store| store.heard_coordinator(&address, 0))
+        .await;
+    if let Err(e) = left {
+        tracing::warn!("cannot say in the store that this coordinator left the fleet: {e}");
+    }
+    match extended.await {
+        Ok(Ok(nodes)) => tracing::info!(nodes, "the nodes held here have two leases to be back"),
+        Ok(Err(e)) => {
+            tracing::warn!("cannot give the nodes held here a lease through the restart: {e}")
+        }
+        Err(e) => tracing::warn!(
+            "giving the nodes held here a lease through the restart did not complete: {e}"
+        ),
+    }
     let (sent, received) = coordinator.traffic().totals();
     tracing::info!(
         open = drained.open,
