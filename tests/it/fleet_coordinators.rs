@@ -882,7 +882,7 @@ fn a_stopped_coordinators_node_keeps_its_run_while_it_waits_and_moves() {
     assert_eq!(std::fs::read_to_string(&effects).unwrap(), "once\n");
     let told = fleet.coords[0].log_text();
     assert!(
-        told.contains("the nodes held here have two leases to be back nodes=1"),
+        told.contains("the nodes held here have two leases to be back nodes=1 "),
         "{told}"
     );
 }

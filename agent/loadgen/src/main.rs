@@ -344,7 +344,7 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
             }
             msg = inbox.recv() => match msg {
                 Some(Ok(Some(Down::Command { op, command, .. }))) => {
-                    if let Err(e) = node.answer(&mut writer, op, command, counters).await {
+                    if let Err(e) = node.answer(&mut writer, &mut heartbeat, op, command, counters).await {
                         break Err(e);
                     }
                 }
@@ -361,6 +361,25 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
         (true, Ok(Left::Home(dialed))) => Ok(Left::Home(dialed)),
         (true, _) => Ok(Left::Stopping),
         (false, ended) => ended,
+    }
+}
+
+/// Awaits `work`, writing a heartbeat at each tick meanwhile.
+async fn beating<T, W: AsyncWrite + Unpin>(
+    work: impl std::future::Future<Output = T>,
+    writer: &mut W,
+    heartbeat: &mut tokio::time::Interval,
+    counters: &Counters,
+) -> Result<T> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return Ok(done),
+            _ = heartbeat.tick() => {
+                protocol::write_msg(writer, &Up::Heartbeat).await?;
+                counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -383,18 +402,24 @@ struct Sim {
 
 impl Sim {
     /// Answers one command as an agent would: a stage fetches the program, a start is reported
-    /// `running` after its answer and `finished` once its time is up.
+    /// `running` after its answer and `finished` once its time is up. Heartbeats go on while a
+    /// fetch waits, as the agent's do beside its commands.
     async fn answer<W: AsyncWrite + Unpin>(
         &mut self,
         writer: &mut W,
+        heartbeat: &mut tokio::time::Interval,
         op: OpId,
         command: Command,
         counters: &Counters,
     ) -> Result<()> {
         let (answer, started) = match command {
-            Command::Stage { digest } => (self.fetch(&digest, counters).await, None),
+            Command::Stage { digest } => {
+                let fetched = self.fetch(&digest, counters);
+                (beating(fetched, writer, heartbeat, counters).await?, None)
+            }
             Command::Update { release } => {
-                let answer = self.take(&release, counters).await;
+                let taken = self.take(&release, counters);
+                let answer = beating(taken, writer, heartbeat, counters).await?;
                 protocol::write_msg(writer, &Up::Result { op, answer }).await?;
                 let facts = facts(self.behaviour.capacity, &self.release);
                 protocol::write_msg(writer, &Up::Facts { facts }).await?;
@@ -408,7 +433,12 @@ impl Sim {
                 // A start sent again (its answer was lost) is answered from what the node did.
                 let first = !self.spool.started.contains(&start.run_id);
                 let fetched = match program {
-                    Some(digest) if first => self.fetch(&digest, counters).await.map(drop),
+                    Some(digest) if first => {
+                        let fetched = self.fetch(&digest, counters);
+                        beating(fetched, writer, heartbeat, counters)
+                            .await?
+                            .map(drop)
+                    }
                     _ => Ok(()),
                 };
                 match fetched {
