@@ -837,12 +837,15 @@ impl Coordinator {
                 })
             };
             if let Some((state, reason)) = verdict {
-                let now = self.store().fail_run(&row.id, state, &reason)?;
-                if let Some(next) = now.as_ref().and_then(|r| r.retried_as.as_ref()) {
+                let after = match state {
+                    RunState::Lost => self.store().lose_run(&row.id, &reason, now)?,
+                    _ => self.store().fail_run(&row.id, state, &reason)?,
+                };
+                if let Some(next) = after.as_ref().and_then(|r| r.retried_as.as_ref()) {
                     tracing::info!(run_id = %row.id, %next, "a lost run is placed again");
                     retried = true;
                 }
-                if let Some(ended) = now.filter(|r| r.state == state && r.error == Some(reason)) {
+                if let Some(ended) = after.filter(|r| r.state == state && r.error == Some(reason)) {
                     self.recorder().runs_moved(&[RunMoved {
                         state,
                         outcome: None,

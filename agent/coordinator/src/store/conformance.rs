@@ -62,6 +62,10 @@ pub const RULES: &[(&str, Rule)] = &[
         fail_run_ends_only_active_runs,
     ),
     (
+        "a_lost_verdict_spares_a_node_heard_since",
+        a_lost_verdict_spares_a_node_heard_since,
+    ),
+    (
         "create_set_checks_its_runs_and_programs",
         create_set_checks_its_runs_and_programs,
     ),
@@ -655,6 +659,25 @@ pub fn waiting_runs_for_one_node_oldest_first(blank: Blank) {
     );
     assert_eq!(ids(NODE_B), ["r-e"]);
     assert!(ids("n-other").is_empty());
+}
+
+/// The sweep's `lost` verdict, judged at a moment the node's lease had passed, is given only if
+/// the lease has not been renewed past that moment since.
+pub fn a_lost_verdict_spares_a_node_heard_since(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
+    store
+        .apply_events(&nid(NODE_A), &[event(1, "r1", RunState::Running)])
+        .unwrap();
+    // The join leased the node until 1 000: judged at 500, it has been heard since.
+    let spared = store.lose_run(&rid("r1"), "node gone", 500).unwrap();
+    assert!(spared.is_some_and(|r| r.state == RunState::Running));
+    let lost = store.lose_run(&rid("r1"), "node gone", 1_000).unwrap();
+    assert!(
+        lost.is_some_and(|r| r.state == RunState::Lost && r.error.as_deref() == Some("node gone"))
+    );
+    assert!(store.lose_run(&rid("r-unknown"), "x", 0).unwrap().is_none());
 }
 
 /// The sweep's verdict ends a run not yet final (failed or lost, with its reason), and leaves a

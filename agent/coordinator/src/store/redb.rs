@@ -715,6 +715,7 @@ mod tests {
         accept_with_error_fails_waiting_run,
         waiting_runs_for_one_node_oldest_first,
         fail_run_ends_only_active_runs,
+        a_lost_verdict_spares_a_node_heard_since,
         create_set_checks_its_runs_and_programs,
         retention_prunes_oldest_run_set_and_program,
         schema_version_mismatch_refused,

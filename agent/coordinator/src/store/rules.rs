@@ -867,21 +867,53 @@ impl Store {
             )));
         }
         let keep = self.keep_final_runs;
+        self.write(|tx| end_run(tx, keep, id, state, reason))
+    }
+
+    /// The sweep's `lost` verdict on a run whose node's lease had passed at `judged_at_ms`,
+    /// given only if it still has in this transaction: a node heard since (back in a session
+    /// while a slow sweep went on) keeps its run, which is answered as it is.
+    pub fn lose_run(
+        &self,
+        id: &RunId,
+        reason: &str,
+        judged_at_ms: u64,
+    ) -> StoreResult<Option<RunRow>> {
+        let keep = self.keep_final_runs;
         self.write(|tx| {
-            let mut moved = false;
-            let row = change_run(tx, keep, id, &mut |r| {
-                moved = r.state.may_become(state);
-                if moved {
-                    r.state = state;
-                    r.error = Some(reason.to_string());
-                }
-                moved
-            })?;
-            match row {
-                Some(row) if moved && state == RunState::Lost => place_again(tx, row).map(Some),
-                row => Ok(row),
+            let Some(run) = tx.run(id)? else {
+                return Ok(None);
+            };
+            let heard = (tx.node(&run.node_id)?).is_some_and(|n| n.lease_until_ms > judged_at_ms);
+            if heard {
+                return Ok(Some(run));
             }
+            end_run(tx, keep, id, RunState::Lost, reason)
         })
+    }
+}
+
+/// Ends a run not yet final as `state` (failed or lost) with `reason`; a lost run is placed
+/// again when its set asked for retries.
+fn end_run(
+    tx: &mut dyn WriteTx,
+    keep: u64,
+    id: &RunId,
+    state: RunState,
+    reason: &str,
+) -> StoreResult<Option<RunRow>> {
+    let mut moved = false;
+    let row = change_run(tx, keep, id, &mut |r| {
+        moved = r.state.may_become(state);
+        if moved {
+            r.state = state;
+            r.error = Some(reason.to_string());
+        }
+        moved
+    })?;
+    match row {
+        Some(row) if moved && state == RunState::Lost => place_again(tx, row).map(Some),
+        row => Ok(row),
     }
 }
 
