@@ -67,8 +67,8 @@ async fn lease_through_restart(
     let started = std::time::Instant::now();
     coordinator
         .with_store_unqueued(move |store| {
-            // In writes the size of a second's heartbeats: one statement over 10 000 rows took a
-            // minute on PostgreSQL. Rows a commit held at that moment are written again.
+            // In writes the size of a second's heartbeats (with one statement over 10 000 rows a
+            // stop took a minute on PostgreSQL). Rows a commit held at that moment are tried again.
             for chunk in beats.chunks(LEASE_WRITE) {
                 let mut left = store.write_leases(chunk)?;
                 for _ in 0..5 {
