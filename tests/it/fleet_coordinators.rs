@@ -649,6 +649,16 @@ fn content_imported_through_a_coordinator_outlives_it() {
         })
         .collect();
     assert!(holders.len() >= 2, "held by {holders:?} when run returned");
+    // The second copy was pushed while `run` read the file, not copied after it.
+    let pushed = |i: &usize| {
+        let log = fleet.coords[*i].log_text();
+        log.lines()
+            .any(|l| l.contains("content pushed and checked") && l.contains(&hex))
+    };
+    assert!(
+        holders.iter().filter(|i| **i != through).any(pushed),
+        "no holder says the copy was pushed to it"
+    );
     // Gone for good: killed, and its data folder deleted.
     fleet.coords[through].kill();
     std::fs::remove_dir_all(fleet.path(&format!("coord-{through}"))).unwrap();

@@ -174,12 +174,23 @@ impl Blobs {
     /// Streams what `reader` gives into the store (hashing as it reads) and returns its digest
     /// and size; nothing is left behind when it fails.
     pub fn import_from(&self, reader: &mut (impl Read + ?Sized)) -> io::Result<(Digest, u64)> {
+        self.import_passing(reader, |_| {})
+    }
+
+    /// [`Blobs::import_from`], handing each piece to `pass` as it is written (a copy sent
+    /// elsewhere while it is imported).
+    pub fn import_passing(
+        &self,
+        reader: &mut (impl Read + ?Sized),
+        pass: impl FnMut(&[u8]),
+    ) -> io::Result<(Digest, u64)> {
         let temp = self.temp()?;
         let result = (|| {
-            let mut out = OpenOptions::new()
+            let file = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(&temp)?;
+            let mut out = Passing { to: file, pass };
             let (digest, size) = copy_hashing(reader, &mut out)?;
             drop(out);
             self.commit(&temp, &digest)?;
@@ -231,6 +242,24 @@ impl Blobs {
         result.map_err(failed)?;
         let _ = fs::remove_file(&from);
         Ok(())
+    }
+}
+
+/// A writer that hands each piece it wrote to `pass` as well.
+struct Passing<W, F> {
+    to: W,
+    pass: F,
+}
+
+impl<W: Write, F: FnMut(&[u8])> Write for Passing<W, F> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.to.write(buf)?;
+        (self.pass)(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.to.flush()
     }
 }
 

@@ -168,6 +168,67 @@ impl Coordinator {
         }
     }
 
+    /// Receives a copy an operator command pushes while it imports content (it proves the
+    /// fleet's key): `size` bytes into a temporary file, hashed as they land, then the digest
+    /// the command hashed them to ([`Up::Sent`]); kept as a blob only when both agree, and
+    /// answered [`Down::Stored`]. A cut push leaves nothing: the copy is then made by digest.
+    pub(crate) async fn receive_push<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        size: u64,
+    ) -> Result<(), Dropped> {
+        let blobs = self.blobs().clone();
+        let temp = match off_thread(move || blobs.temp()).await {
+            Ok(temp) => temp,
+            Err(e) => return refuse(stream, blob_disk(self.blobs(), e)).await,
+        };
+        let result = async {
+            let mut file = content::append_to(&temp)
+                .await
+                .map_err(|e| blob_disk(self.blobs(), e))?;
+            let mut hasher = Sha256::default();
+            match content::stream_exact(stream, &mut file, size, Some(&mut hasher)).await {
+                Streamed::Done => self.traffic().received(size),
+                Streamed::Cut { got, cause } => {
+                    return Err(format!(
+                        "a pushed copy stopped after {got} of {size} bytes: {cause}"
+                    ));
+                }
+                Streamed::Write { cause, .. } => return Err(blob_disk(self.blobs(), cause)),
+            }
+            // Synced while the pusher syncs its own copy, before its digest comes.
+            file.sync_all()
+                .await
+                .map_err(|e| blob_disk(self.blobs(), e))?;
+            drop(file);
+            let sent =
+                match tokio::time::timeout(SENT_WAIT, protocol::read_msg::<_, Up>(stream)).await {
+                    Ok(Ok(Some(Up::Sent { digest }))) => digest,
+                    _ => return Err("a pushed copy ended without its digest".to_string()),
+                };
+            let got = Digest::from_hasher(hasher);
+            if got != sent {
+                return Err(format!(
+                    "a pushed copy of {sent} hashes to {got}; dropped it"
+                ));
+            }
+            let (blobs, landed) = (self.blobs().clone(), temp.clone());
+            off_thread(move || blobs.commit(&landed, &got))
+                .await
+                .map_err(|e| blob_disk(self.blobs(), e))?;
+            tracing::info!(digest = %got, bytes = size, "content pushed and checked");
+            Ok(got)
+        }
+        .await;
+        match result {
+            Ok(digest) => Ok(protocol::write_msg(stream, &Down::Stored { digest }).await?),
+            Err(message) => {
+                let _ = tokio::fs::remove_file(&temp).await;
+                refuse(stream, message).await
+            }
+        }
+    }
+
     /// Removes blobs no stored run refers to, once they are older than [`BLOB_GRACE`].
     pub fn sweep_blobs(&self, grace: Duration) -> Result<(), CoordinatorError> {
         let in_blobs = |cause| CoordinatorError::DataDir {

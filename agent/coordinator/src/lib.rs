@@ -18,6 +18,7 @@ pub mod operator;
 mod peer;
 pub mod placement;
 pub mod progress;
+pub mod push;
 pub mod release;
 pub mod rollout;
 pub mod runs;

@@ -91,6 +91,8 @@ pub enum Request {
     SetRollout(crate::rollout::RolloutState),
     /// `release add DIR`, its binaries already in the data folder's blob store.
     AddRelease(fleet_proto::release::ReleaseOffer),
+    /// Which coordinators `run` pushes its content to while it imports it.
+    CopyTargets,
 }
 
 impl Request {
@@ -98,7 +100,11 @@ impl Request {
     pub fn is_read_only(&self) -> bool {
         matches!(
             self,
-            Request::Nodes { .. } | Request::Status { .. } | Request::Releases | Request::Rollout
+            Request::Nodes { .. }
+                | Request::Status { .. }
+                | Request::Releases
+                | Request::Rollout
+                | Request::CopyTargets
         )
     }
 }
@@ -131,6 +137,8 @@ pub enum Answer {
     Release(crate::release::TakenRelease),
     Updating(crate::release::UpdateSent),
     Rollout(Option<Box<crate::rollout::Rollout>>),
+    /// The coordinators' addresses; none where the fleet keeps one copy, or none serves here.
+    CopyTargets(Vec<String>),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -166,6 +174,10 @@ pub async fn handle(
             .replicate(&request)
             .await
             .map(Answer::Replicated),
+        Request::CopyTargets => Ok(Answer::CopyTargets(match address {
+            Some(_) => coordinator.copy_targets().await,
+            None => Vec::new(),
+        })),
         Request::Update { node, release } => coordinator
             .update_node(&node, release)
             .await
@@ -271,9 +283,10 @@ fn answer(
         | Request::Replicate(_)
         | Request::AddRelease(_)
         | Request::Update { .. }
+        | Request::CopyTargets
         | Request::Run(_) => {
             unreachable!(
-                "run, collect, stop and replicate go beyond the store; `handle` answers them"
+                "run, collect, stop, replicate and copy targets go beyond the store; `handle` answers them"
             )
         }
     }

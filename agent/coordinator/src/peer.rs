@@ -12,8 +12,12 @@ use fleet_proto::protocol::{
     self, Answer, Command, Down, FrameError, Opening, Refusal, RefusalClass, Reply, Up,
 };
 use fleet_proto::{Digest, NodeId};
+use rcgen::KeyPair;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 use tokio_rustls::client::TlsStream;
 
 /// A peer's certificate lives for one copy or relay at most.
@@ -52,9 +56,8 @@ pub enum PeerError {
     Each(Vec<PeerError>),
 }
 
-/// A pinned TLS connection to the coordinator at `address`, proving the fleet's key.
-async fn dial(coordinator: &Coordinator, address: &str) -> Result<TlsStream<TcpStream>, PeerError> {
-    let key = coordinator.key();
+/// A pinned TLS connection to the coordinator at `address`, proving the fleet's `key`.
+async fn dial(key: &KeyPair, address: &str) -> Result<TlsStream<TcpStream>, PeerError> {
     let dialed = fleet_proto::dial::dial(address, key, key.public_key_raw(), PEER_CERT_VALIDITY);
     match dialed.await {
         Ok(dialed) => Ok(dialed.stream),
@@ -76,7 +79,7 @@ pub(crate) async fn relay(
     command: Command,
     patience: Duration,
 ) -> Result<Answer, PeerError> {
-    let mut stream = dial(coordinator, address).await?;
+    let mut stream = dial(coordinator.key(), address).await?;
     let ask = Up::Relay {
         node_id: node_id.clone(),
         command,
@@ -114,7 +117,7 @@ pub(crate) async fn pull(
             content: digest.to_string(),
             reason,
         };
-        let dialed = dial(coordinator, address).await;
+        let dialed = dial(coordinator.key(), address).await;
         let mut stream = dialed.map_err(|e| failed(e.to_string()))?;
         let fetch = Up::Copy {
             digest: *digest,
@@ -147,12 +150,51 @@ pub(crate) async fn ask_to_hold(
             reason,
         })
     };
-    let mut stream = dial(coordinator, address).await?;
+    let mut stream = dial(coordinator.key(), address).await?;
     protocol::write_msg(&mut stream, &Opening::new(Up::Hold { digest: *digest })).await?;
     match protocol::read_msg::<_, Down>(&mut stream).await? {
         Some(Down::Stored { digest: held }) if held == *digest => Ok(()),
         Some(Down::ContentRefused { message }) => Err(failed(format!("{address}: {message}"))),
         other => Err(failed(format!("{address} answered a hold with {other:?}"))),
+    }
+}
+
+/// What an import hands each push: the bytes as they are read, then the digest they hash to.
+#[derive(Clone)]
+pub(crate) enum Piece {
+    Bytes(Arc<[u8]>),
+    Hashed(Digest),
+}
+
+/// Pushes `size` bytes, as `pieces` brings them, to the coordinator at `address` ([`Up::Push`]),
+/// then the digest they hash to; returns once it holds them as a blob, checked.
+pub(crate) async fn push(
+    key: &KeyPair,
+    address: &str,
+    size: u64,
+    mut pieces: mpsc::Receiver<Piece>,
+) -> Result<Digest, PeerError> {
+    let failed = |reason: String| {
+        PeerError::Content(ContentError::Failed {
+            content: format!("a copy pushed to {address}"),
+            reason,
+        })
+    };
+    let mut stream = dial(key, address).await?;
+    protocol::write_msg(&mut stream, &Opening::new(Up::Push { size })).await?;
+    let digest = loop {
+        match pieces.recv().await {
+            Some(Piece::Bytes(bytes)) => (stream.write_all(&bytes).await)
+                .map_err(|e| failed(format!("sending failed: {e}")))?,
+            Some(Piece::Hashed(digest)) => break digest,
+            None => return Err(failed("the import stopped".into())),
+        }
+    };
+    protocol::write_msg(&mut stream, &Up::Sent { digest }).await?;
+    match protocol::read_msg::<_, Down>(&mut stream).await? {
+        Some(Down::Stored { digest: held }) if held == digest => Ok(digest),
+        Some(Down::ContentRefused { message }) => Err(failed(message)),
+        other => Err(failed(format!("answered with {other:?}"))),
     }
 }
 
@@ -174,6 +216,17 @@ impl Coordinator {
             })?;
         }
         Ok(())
+    }
+
+    /// The coordinators [`Coordinator::hold_copies`] asks first: an operator command pushes its
+    /// content to them while it imports it. None unless the fleet keeps more than one copy.
+    pub(crate) async fn copy_targets(&self) -> Vec<String> {
+        let copies = self.fleet().content_copies();
+        if copies < 2 {
+            return Vec::new();
+        }
+        self.learn_fleet_now().await;
+        self.fleet().peers().into_iter().take(copies - 1).collect()
     }
 
     /// Asks the members last heard, in turn, to hold `digest` until `content_copies` do (this

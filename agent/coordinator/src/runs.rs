@@ -846,6 +846,7 @@ impl Coordinator {
                     retried = true;
                 }
                 if let Some(ended) = after.filter(|r| r.state == state && r.error == Some(reason)) {
+                    tracing::info!(run_id = %row.id, node_id = %row.node_id, %state, lease_until, judged_at = now, "a run ended by the sweep");
                     self.recorder().runs_moved(&[RunMoved {
                         state,
                         outcome: None,

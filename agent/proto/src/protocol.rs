@@ -82,6 +82,12 @@ pub enum Up {
     Hold {
         digest: Digest,
     },
+    /// From the fleet's key (an operator command importing content): the first message of a
+    /// copy pushed while it is imported, `size` raw bytes then [`Up::Sent`]; answered
+    /// [`Down::Stored`] once what arrived hashes to that digest and is kept as a blob.
+    Push {
+        size: u64,
+    },
     /// From another coordinator of the same fleet (it proves the fleet's key): pass `command` to
     /// the node whose session this coordinator holds, and answer [`Down::Relayed`].
     Relay {

@@ -133,8 +133,9 @@ pub fn run() -> Result<()> {
          Imported through a serving coordinator (`run` of a {SIZE_MIB} MiB program, no node \
          matching yet, so only the import is timed; two coordinators on one PostgreSQL, the \
          program's first bytes changed before each sample so each is new content), median of \
-         {SAMPLES}: with `--content-copies 1` {one_copy:.2} s, with `--content-copies 2` (the \
-         other coordinator copies it, checked, before `run` returns) {two_copies:.2} s, \
+         {SAMPLES}: with `--content-copies 1` {one_copy:.2} s, with `--content-copies 2` (`run` \
+         pushes the file to the other coordinator while it reads it, each side checking and \
+         syncing its copy, before `run` returns) {two_copies:.2} s, \
          {extra:+.0}% (target: at most +30%).\n\n\
          Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes once \
          on each side: the node reads the run's file in place and hashes it as it sends it, the \

@@ -89,6 +89,10 @@ pub(super) async fn handle_tls(
             Box::pin(relay(coordinator, stream, &node_id, command)).await
         }
         Up::Hold { digest } if peer => Box::pin(hold(coordinator, stream, &digest)).await,
+        Up::Push { size } if peer => {
+            let mut stream = stream;
+            Box::pin(coordinator.receive_push(&mut stream, size)).await
+        }
         Up::Copy { digest, offset } if peer => {
             let mut stream = stream;
             Box::pin(coordinator.send_content(&mut stream, Asker::Peer, &digest, offset)).await
