@@ -451,7 +451,8 @@ fn stray_key(data: &Path) -> String {
 
 #[test]
 fn content_copied_between_coordinators_resumes_from_what_a_cut_copy_left() {
-    let mut fleet = Fleet::new(2);
+    // One copy kept: `run` pushes none, so the holder of the session copies it on staging.
+    let mut fleet = Fleet::with_flags(2, &["--content-copies", "1"]);
     let agent = fleet.add_agent("m1", 0);
     let holder = fleet.holder(agent);
     let other = 1 - holder;
@@ -601,7 +602,9 @@ fn a_coordinator_added_later_is_learned_in_session_and_taken_over_to() {
 /// coordinators serve it now and copies the program from the new one; the run finishes once.
 #[test]
 fn a_run_through_a_coordinator_just_started_finds_its_content() {
-    let mut fleet = Fleet::with_flags(1, &["--heartbeat", "10s", "--lease", "30s"]);
+    // One copy kept: `run` pushes none, so the new coordinator alone holds the program.
+    let flags = ["--heartbeat", "10s", "--lease", "30s", "--content-copies", "1"];
+    let mut fleet = Fleet::with_flags(1, &flags);
     fleet.add_agent("m", 0);
     let b = fleet.start_coordinator();
     let (effects, program) = fleet.effect_program("true");

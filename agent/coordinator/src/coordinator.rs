@@ -94,9 +94,16 @@ pub struct Coordinator {
     /// Store calls running at once on the blocking pool: when a submit wakes 10 000 sessions,
     /// the rest wait here as small futures, not as hundreds of threads contending for the store.
     store_calls: tokio::sync::Semaphore,
+    /// TLS handshakes done at once: a crowd (every node of a coordinator that restarted) is
+    /// served in turn, each within its timeout, not all at once and each past it (2 613 timed
+    /// out so in a 30 000-node rolling restart, and their nodes moved on).
+    handshakes: tokio::sync::Semaphore,
     /// The events the metrics count.
     recorder: Recorder,
 }
+
+/// Each handshake is a few milliseconds of CPU: this many keep the cores busy.
+const HANDSHAKES_AT_ONCE: usize = 32;
 
 impl Coordinator {
     /// Like [`open`](Self::open), but while another process holds the store (an operator command
@@ -159,6 +166,7 @@ impl Coordinator {
             fetch_window: FetchWindow::default(),
             joins: JoinLimits::default(),
             store_calls,
+            handshakes: tokio::sync::Semaphore::new(HANDSHAKES_AT_ONCE),
             recorder,
         })
     }
@@ -206,6 +214,10 @@ impl Coordinator {
 
     pub(crate) fn key(&self) -> &KeyPair {
         &self.key
+    }
+
+    pub(crate) fn handshakes(&self) -> &tokio::sync::Semaphore {
+        &self.handshakes
     }
 
     pub(crate) fn commits(&self) -> &Committer {

@@ -22,6 +22,10 @@ use tokio_rustls::server::TlsStream;
 /// little time and little memory (see [`MAX_UNIDENTIFIED_FRAME`]).
 pub(super) const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a connection waits for its turn to shake hands: as long as a node waits for the
+/// handshake to end, after which it has gone.
+const HANDSHAKE_TURN_WAIT: Duration = Duration::from_secs(10);
+
 type Tls = TlsStream<TcpStream>;
 
 /// Err carries why the connection was dropped, for the coordinator's own log only.
@@ -40,7 +44,7 @@ pub(super) async fn handle_tls(
         stream,
         cert,
         first,
-    } = Box::pin(open(tls, stream)).await?;
+    } = Box::pin(open(coordinator, tls, stream)).await?;
     // Another coordinator of the fleet proves the fleet's own key.
     let peer = cert.key == coordinator.key().public_key_raw();
     // What a source that failed joins paid at accept comes back unless this is a failed join.
@@ -287,12 +291,22 @@ struct Opened {
     first: Opening,
 }
 
-/// The TLS handshake, then the first message, each within [`FIRST_MESSAGE_TIMEOUT`].
-async fn open(tls: tokio_rustls::TlsAcceptor, stream: TcpStream) -> Result<Opened, Dropped> {
+/// The TLS handshake, its turn first (within [`HANDSHAKE_TURN_WAIT`]), then the first message,
+/// each within [`FIRST_MESSAGE_TIMEOUT`].
+async fn open(
+    coordinator: &Coordinator,
+    tls: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+) -> Result<Opened, Dropped> {
+    let turn = tokio::time::timeout(HANDSHAKE_TURN_WAIT, coordinator.handshakes().acquire())
+        .await
+        .map_err(|_| Dropped::HandshakeTimeout)?
+        .expect("never closed");
     let mut stream = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, tls.accept(stream))
         .await
         .map_err(|_| Dropped::HandshakeTimeout)?
         .map_err(Dropped::Handshake)?;
+    drop(turn);
     let cert = peer_cert(&stream).ok_or(Dropped::NoClientCertificate)?;
     let first = tokio::time::timeout(
         FIRST_MESSAGE_TIMEOUT,

@@ -12,6 +12,7 @@ use crate::error::Dropped;
 use crate::live::Admission;
 use crate::{Coordinator, http};
 use connections::Connections;
+use fleet_proto::NodeId;
 use fleet_proto::pin;
 use std::future::Future;
 use std::path::PathBuf;
@@ -57,10 +58,11 @@ const LEASE_WRITE: usize = 1000;
 /// (never shortening one); answers how many.
 async fn lease_through_restart(
     coordinator: Arc<Coordinator>,
+    held: Vec<NodeId>,
     lease: Duration,
 ) -> crate::store::StoreResult<usize> {
     let lease_ms = (lease * LEASES_THROUGH_A_STOP).as_millis() as u64;
-    let beats: Vec<_> = (coordinator.sessions().held().iter())
+    let beats: Vec<_> = (held.iter())
         .map(|node_id| crate::live::beat_now(node_id, lease_ms))
         .collect();
     let nodes = beats.len();
@@ -191,7 +193,14 @@ pub async fn serve(
     drop(listener);
     coordinator.sessions().set_accepting(false);
     let sessions = coordinator.sessions().count();
-    let extended = tokio::spawn(lease_through_restart(coordinator.clone(), config.lease));
+    // Read before any session is told to stop: one that ends at once is still given its leases
+    // (20 of 10 000 were not, read a moment later, and their runs were judged lost).
+    let held = coordinator.sessions().held();
+    let extended = tokio::spawn(lease_through_restart(
+        coordinator.clone(),
+        held,
+        config.lease,
+    ));
     let _ = stop.send(true);
     let drained = connections.drain(config.shutdown_grace).await;
     drop(background);
