@@ -603,7 +603,14 @@ fn a_coordinator_added_later_is_learned_in_session_and_taken_over_to() {
 #[test]
 fn a_run_through_a_coordinator_just_started_finds_its_content() {
     // One copy kept: `run` pushes none, so the new coordinator alone holds the program.
-    let flags = ["--heartbeat", "10s", "--lease", "30s", "--content-copies", "1"];
+    let flags = [
+        "--heartbeat",
+        "10s",
+        "--lease",
+        "30s",
+        "--content-copies",
+        "1",
+    ];
     let mut fleet = Fleet::with_flags(1, &flags);
     fleet.add_agent("m", 0);
     let b = fleet.start_coordinator();

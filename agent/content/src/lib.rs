@@ -3,11 +3,12 @@
 //! that hashes, checks, resumes and renames into place). Memory stays flat with the content's
 //! size: one buffer of [`CHUNK`] bytes per transfer. `files` holds the crash-safe writes of small
 //! files both sides use for keys and identities.
+pub mod direct;
 pub mod files;
 
 use fleet_vocab::{Digest, UploadId};
 use sha2::{Digest as _, Sha256};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::future::Future;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -186,13 +187,10 @@ impl Blobs {
     ) -> io::Result<(Digest, u64)> {
         let temp = self.temp()?;
         let result = (|| {
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&temp)?;
+            let file = direct::DirectWriter::create(&temp)?;
             let mut out = Passing { to: file, pass };
             let (digest, size) = copy_hashing(reader, &mut out)?;
-            drop(out);
+            out.to.finish()?;
             self.commit(&temp, &digest)?;
             Ok((digest, size))
         })();
@@ -373,6 +371,51 @@ where
     match to.flush().await {
         Ok(()) => Streamed::Done,
         Err(cause) => Streamed::Write { got, cause },
+    }
+}
+
+/// Lands exactly `size` bytes from `from` as the new file `path`: written direct
+/// ([`direct::DirectWriter`]) and hashed on a thread of their own while the next bytes are read,
+/// then synced. The digest comes with [`Streamed::Done`]; on anything else the file is the
+/// caller's to remove.
+pub async fn receive_to_file<R: AsyncRead + Unpin>(
+    from: &mut R,
+    path: &Path,
+    size: u64,
+) -> (Streamed, Option<Digest>) {
+    let (pieces, mut inbox) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let path = path.to_path_buf();
+    let writing = tokio::task::spawn_blocking(move || {
+        let mut out = direct::DirectWriter::create(&path)?;
+        let mut hasher = Sha256::new();
+        while let Some(piece) = inbox.blocking_recv() {
+            hasher.update(&piece);
+            out.write_all(&piece)?;
+        }
+        out.finish()?;
+        Ok::<_, io::Error>(Digest::from_hasher(hasher))
+    });
+    let mut got = 0u64;
+    let mut cut = None;
+    while got < size {
+        let mut piece = vec![0u8; CHUNK.min((size - got) as usize)];
+        if let Err(e) = from.read_exact(&mut piece).await {
+            cut = Some(e.to_string());
+            break;
+        }
+        got += piece.len() as u64;
+        if pieces.send(piece).await.is_err() {
+            break;
+        }
+    }
+    drop(pieces);
+    let written = writing
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(format!("the write did not complete: {e}"))));
+    match (cut, written) {
+        (Some(cause), _) => (Streamed::Cut { got, cause }, None),
+        (None, Err(cause)) => (Streamed::Write { got, cause }, None),
+        (None, Ok(digest)) => (Streamed::Done, Some(digest)),
     }
 }
 

@@ -183,30 +183,23 @@ impl Coordinator {
             Err(e) => return refuse(stream, blob_disk(self.blobs(), e)).await,
         };
         let result = async {
-            let mut file = content::append_to(&temp)
-                .await
-                .map_err(|e| blob_disk(self.blobs(), e))?;
-            let mut hasher = Sha256::default();
-            match content::stream_exact(stream, &mut file, size, Some(&mut hasher)).await {
-                Streamed::Done => self.traffic().received(size),
-                Streamed::Cut { got, cause } => {
+            // Written direct and synced while the pusher syncs its own copy, before its digest.
+            let got = match content::receive_to_file(stream, &temp, size).await {
+                (Streamed::Done, Some(digest)) => digest,
+                (Streamed::Cut { got, cause }, _) => {
                     return Err(format!(
                         "a pushed copy stopped after {got} of {size} bytes: {cause}"
                     ));
                 }
-                Streamed::Write { cause, .. } => return Err(blob_disk(self.blobs(), cause)),
-            }
-            // Synced while the pusher syncs its own copy, before its digest comes.
-            file.sync_all()
-                .await
-                .map_err(|e| blob_disk(self.blobs(), e))?;
-            drop(file);
+                (Streamed::Write { cause, .. }, _) => return Err(blob_disk(self.blobs(), cause)),
+                (Streamed::Done, None) => unreachable!("a whole copy comes with its digest"),
+            };
+            self.traffic().received(size);
             let sent =
                 match tokio::time::timeout(SENT_WAIT, protocol::read_msg::<_, Up>(stream)).await {
                     Ok(Ok(Some(Up::Sent { digest }))) => digest,
                     _ => return Err("a pushed copy ended without its digest".to_string()),
                 };
-            let got = Digest::from_hasher(hasher);
             if got != sent {
                 return Err(format!(
                     "a pushed copy of {sent} hashes to {got}; dropped it"

@@ -53,6 +53,8 @@ pub enum CoordinatorError {
 pub(crate) enum Dropped {
     #[error("the handshake timed out")]
     HandshakeTimeout,
+    #[error("no turn to shake hands within {} s: the coordinator is busy with others' handshakes", .0.as_secs())]
+    NoTurn(std::time::Duration),
     #[error("the handshake failed: {0}")]
     Handshake(std::io::Error),
     #[error("no client certificate")]

@@ -98,7 +98,7 @@ fn run_coordinator(args: Cli) -> Result<()> {
             }
             let targets = match operator::served(data) {
                 true => copy_targets(&place)?,
-                false => Vec::new(),
+                false => Default::default(),
             };
             let request = run_request(&r, data, &targets)?;
             let operator::Answer::Run(set) = operate(&place, operator::Request::Run(request))?
@@ -274,7 +274,7 @@ fn selector(text: Option<&str>) -> Result<Option<fleet_coordinator::placement::S
 /// command shares the data folder with the serving coordinator, so it writes the blobs itself,
 /// one streamed copy of any size, and sends only their digests.
 /// The coordinators a `run` pushes its content to while it imports it.
-fn copy_targets(place: &Place) -> Result<Vec<String>> {
+fn copy_targets(place: &Place) -> Result<fleet_coordinator::push::CopyTargets> {
     match operate(place, operator::Request::CopyTargets)? {
         operator::Answer::CopyTargets(targets) => Ok(targets),
         _ => Err(mismatch("copy targets")),
@@ -282,7 +282,11 @@ fn copy_targets(place: &Place) -> Result<Vec<String>> {
 }
 
 /// `targets`: the coordinators each imported file is pushed to as it is read.
-fn run_request(r: &RunArgs, data: &Path, targets: &[String]) -> Result<RunRequest> {
+fn run_request(
+    r: &RunArgs,
+    data: &Path,
+    targets: &fleet_coordinator::push::CopyTargets,
+) -> Result<RunRequest> {
     // Read before any file is added to the blob store, so a bad expression changes nothing.
     let place = selector(r.where_.as_deref())?;
     let blobs = &coordinator::blobs(data);
@@ -559,7 +563,7 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
 }
 
 /// How long a stopping coordinator waits for its store calls still running before it exits.
-const EXIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+const EXIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
     let data = &place.data;

@@ -137,8 +137,8 @@ pub enum Answer {
     Release(crate::release::TakenRelease),
     Updating(crate::release::UpdateSent),
     Rollout(Option<Box<crate::rollout::Rollout>>),
-    /// The coordinators' addresses; none where the fleet keeps one copy, or none serves here.
-    CopyTargets(Vec<String>),
+    /// None where the fleet keeps one copy, or no coordinator serves here.
+    CopyTargets(crate::push::CopyTargets),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -176,7 +176,7 @@ pub async fn handle(
             .map(Answer::Replicated),
         Request::CopyTargets => Ok(Answer::CopyTargets(match address {
             Some(_) => coordinator.copy_targets().await,
-            None => Vec::new(),
+            None => crate::push::CopyTargets::default(),
         })),
         Request::Update { node, release } => coordinator
             .update_node(&node, release)

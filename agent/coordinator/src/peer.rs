@@ -166,35 +166,59 @@ pub(crate) enum Piece {
     Hashed(Digest),
 }
 
-/// Pushes `size` bytes, as `pieces` brings them, to the coordinator at `address` ([`Up::Push`]),
-/// then the digest they hash to; returns once it holds them as a blob, checked.
-pub(crate) async fn push(
+/// A push's connection, opened before the import reads a byte.
+pub(crate) struct PushLink {
+    address: String,
+    stream: TlsStream<TcpStream>,
+}
+
+/// Opens a push of `size` bytes to the coordinator at `address` ([`Up::Push`]).
+pub(crate) async fn open_push(
     key: &KeyPair,
     address: &str,
     size: u64,
-    mut pieces: mpsc::Receiver<Piece>,
-) -> Result<Digest, PeerError> {
-    let failed = |reason: String| {
-        PeerError::Content(ContentError::Failed {
-            content: format!("a copy pushed to {address}"),
-            reason,
-        })
-    };
+) -> Result<PushLink, PeerError> {
     let mut stream = dial(key, address).await?;
     protocol::write_msg(&mut stream, &Opening::new(Up::Push { size })).await?;
-    let digest = loop {
-        match pieces.recv().await {
-            Some(Piece::Bytes(bytes)) => (stream.write_all(&bytes).await)
-                .map_err(|e| failed(format!("sending failed: {e}")))?,
-            Some(Piece::Hashed(digest)) => break digest,
-            None => return Err(failed("the import stopped".into())),
+    Ok(PushLink {
+        address: address.to_string(),
+        stream,
+    })
+}
+
+impl PushLink {
+    pub(crate) fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Sends the bytes as `pieces` brings them, then the digest they hash to; returns once the
+    /// other coordinator holds them as a blob, checked.
+    pub(crate) async fn push(
+        mut self,
+        mut pieces: mpsc::Receiver<Piece>,
+    ) -> Result<Digest, PeerError> {
+        let address = self.address.clone();
+        let failed = |reason: String| {
+            PeerError::Content(ContentError::Failed {
+                content: format!("a copy pushed to {address}"),
+                reason,
+            })
+        };
+        let stream = &mut self.stream;
+        let digest = loop {
+            match pieces.recv().await {
+                Some(Piece::Bytes(bytes)) => (stream.write_all(&bytes).await)
+                    .map_err(|e| failed(format!("sending failed: {e}")))?,
+                Some(Piece::Hashed(digest)) => break digest,
+                None => return Err(failed("the import stopped".into())),
+            }
+        };
+        protocol::write_msg(stream, &Up::Sent { digest }).await?;
+        match protocol::read_msg::<_, Down>(stream).await? {
+            Some(Down::Stored { digest: held }) if held == digest => Ok(digest),
+            Some(Down::ContentRefused { message }) => Err(failed(message)),
+            other => Err(failed(format!("answered with {other:?}"))),
         }
-    };
-    protocol::write_msg(&mut stream, &Up::Sent { digest }).await?;
-    match protocol::read_msg::<_, Down>(&mut stream).await? {
-        Some(Down::Stored { digest: held }) if held == digest => Ok(digest),
-        Some(Down::ContentRefused { message }) => Err(failed(message)),
-        other => Err(failed(format!("answered with {other:?}"))),
     }
 }
 
@@ -218,15 +242,19 @@ impl Coordinator {
         Ok(())
     }
 
-    /// The coordinators [`Coordinator::hold_copies`] asks first: an operator command pushes its
-    /// content to them while it imports it. None unless the fleet keeps more than one copy.
-    pub(crate) async fn copy_targets(&self) -> Vec<String> {
-        let copies = self.fleet().content_copies();
-        if copies < 2 {
-            return Vec::new();
+    /// The coordinators [`Coordinator::hold_copies`] asks, in its order, and how many of them
+    /// it wants holding: an operator command pushes its content to the first that answer while
+    /// it imports it. None unless the fleet keeps more than one copy.
+    pub(crate) async fn copy_targets(&self) -> crate::push::CopyTargets {
+        let wanted = self.fleet().content_copies().saturating_sub(1);
+        if wanted == 0 {
+            return crate::push::CopyTargets::default();
         }
         self.learn_fleet_now().await;
-        self.fleet().peers().into_iter().take(copies - 1).collect()
+        crate::push::CopyTargets {
+            peers: self.fleet().peers(),
+            wanted,
+        }
     }
 
     /// Asks the members last heard, in turn, to hold `digest` until `content_copies` do (this

@@ -9,6 +9,7 @@ use crate::peer::{self, Piece};
 use fleet_content::Blobs;
 use fleet_proto::Digest;
 use rcgen::KeyPair;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -16,18 +17,26 @@ use tokio::sync::mpsc;
 /// Pieces read ahead of the slowest push: memory stays at a few chunks whatever the size.
 const PIECES_AHEAD: usize = 8;
 
+/// Where a `run` pushes what it imports: the first `wanted` of `peers` that take the connection,
+/// in the order the serving coordinator asks them to hold it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CopyTargets {
+    pub peers: Vec<String>,
+    pub wanted: usize,
+}
+
 /// Imports `source` into `blobs` (the blob store of the data folder `data`) and pushes it to
-/// each of `targets` as it goes; returns its digest and size. Each push that failed is named on
-/// stderr, in one line.
+/// the first of `targets` that take the connection as it goes; returns its digest and size.
+/// Each push that failed is named on stderr, in one line.
 pub fn import_copying(
     data: &Path,
     blobs: &Blobs,
     source: &Path,
-    targets: &[String],
+    targets: &CopyTargets,
 ) -> std::io::Result<(Digest, u64)> {
-    let key = match targets.is_empty() {
-        true => None,
-        false => fleet_key(data),
+    let key = match targets.wanted {
+        0 => None,
+        _ => fleet_key(data),
     };
     let Some(key) = key else {
         return blobs.import(source);
@@ -37,15 +46,29 @@ pub fn import_copying(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let mut failed = Vec::new();
+    // Opened before a byte is read: a coordinator that went away is passed by for the next.
+    let links = runtime.block_on(async {
+        let mut links = Vec::new();
+        for address in &targets.peers {
+            if links.len() == targets.wanted {
+                break;
+            }
+            match peer::open_push(&key, address, size).await {
+                Ok(link) => links.push(link),
+                Err(e) => failed.push(format!("pushing a copy to {address} failed: {e}")),
+            }
+        }
+        links
+    });
     let (mut senders, mut pushes) = (Vec::new(), tokio::task::JoinSet::new());
-    let key = Arc::new(key);
-    for address in targets {
+    for link in links {
         let (sender, pieces) = mpsc::channel(PIECES_AHEAD);
         senders.push(sender);
-        let (key, address) = (key.clone(), address.clone());
         pushes.spawn_on(
             async move {
-                let pushed = peer::push(&key, &address, size, pieces).await;
+                let address = link.address().to_string();
+                let pushed = link.push(pieces).await;
                 pushed.map_err(|e| format!("pushing a copy to {address} failed: {e}"))
             },
             runtime.handle(),
@@ -65,8 +88,7 @@ pub fn import_copying(
             }
             imported
         });
-        let failed = runtime.block_on(async {
-            let mut failed = Vec::new();
+        runtime.block_on(async {
             while let Some(pushed) = pushes.join_next().await {
                 match pushed {
                     Ok(Err(line)) => failed.push(line),
@@ -74,12 +96,11 @@ pub fn import_copying(
                     Ok(Ok(_)) => {}
                 }
             }
-            failed
         });
         // Cannot fail: the import's thread does not panic.
         let imported = reading.join().expect("the import's thread ends")?;
         for line in failed {
-            eprintln!("{line}; the serving coordinator copies it by digest instead");
+            eprintln!("{line}; the serving coordinator has the copy made by digest instead");
         }
         Ok(imported)
     })

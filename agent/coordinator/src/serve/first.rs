@@ -22,9 +22,9 @@ use tokio_rustls::server::TlsStream;
 /// little time and little memory (see [`MAX_UNIDENTIFIED_FRAME`]).
 pub(super) const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a connection waits for its turn to shake hands: as long as a node waits for the
-/// handshake to end, after which it has gone.
-const HANDSHAKE_TURN_WAIT: Duration = Duration::from_secs(10);
+/// How long a connection waits for its turn to shake hands: half of what a node gives its
+/// handshake, so one that waited longer is dropped before any work, not answered once gone.
+const HANDSHAKE_TURN_WAIT: Duration = Duration::from_secs(5);
 
 type Tls = TlsStream<TcpStream>;
 
@@ -300,7 +300,7 @@ async fn open(
 ) -> Result<Opened, Dropped> {
     let turn = tokio::time::timeout(HANDSHAKE_TURN_WAIT, coordinator.handshakes().acquire())
         .await
-        .map_err(|_| Dropped::HandshakeTimeout)?
+        .map_err(|_| Dropped::NoTurn(HANDSHAKE_TURN_WAIT))?
         .expect("never closed");
     let mut stream = tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, tls.accept(stream))
         .await
