@@ -88,6 +88,11 @@ pub(super) async fn session(
         )));
     }
     let lease_ms = config.lease.as_millis() as u64;
+    // A known node that says hello is alive: its lease is renewed with the next second's
+    // heartbeats, not only once its session's open clears the group commit (which waited 16 s
+    // behind 10 000 returning nodes in a 30 000-node rolling restart, and the leases of nodes
+    // that had just left a session elsewhere ran out meanwhile).
+    coordinator.beats().note(&node_id, lease_ms);
     let opened = match coordinator
         .commits()
         .submit(Change::OpenSession {
