@@ -166,6 +166,10 @@ pub(crate) enum Piece {
     Hashed(Digest),
 }
 
+/// How long a push may take nothing (a piece, or its answer after the last one) before the
+/// import goes on without it: a coordinator that hangs never holds `run` up.
+const PUSH_STALL: Duration = Duration::from_secs(30);
+
 /// A push's connection, opened before the import reads a byte.
 pub(crate) struct PushLink {
     address: String,
@@ -205,16 +209,21 @@ impl PushLink {
             })
         };
         let stream = &mut self.stream;
+        let stalled = || failed(format!("it took nothing for {} s", PUSH_STALL.as_secs()));
         let digest = loop {
             match pieces.recv().await {
-                Some(Piece::Bytes(bytes)) => (stream.write_all(&bytes).await)
-                    .map_err(|e| failed(format!("sending failed: {e}")))?,
+                Some(Piece::Bytes(bytes)) => {
+                    (tokio::time::timeout(PUSH_STALL, stream.write_all(&bytes)).await)
+                        .map_err(|_| stalled())?
+                        .map_err(|e| failed(format!("sending failed: {e}")))?
+                }
                 Some(Piece::Hashed(digest)) => break digest,
                 None => return Err(failed("the import stopped".into())),
             }
         };
         protocol::write_msg(stream, &Up::Sent { digest }).await?;
-        match protocol::read_msg::<_, Down>(stream).await? {
+        let answer = tokio::time::timeout(PUSH_STALL, protocol::read_msg::<_, Down>(stream));
+        match answer.await.map_err(|_| stalled())?? {
             Some(Down::Stored { digest: held }) if held == digest => Ok(digest),
             Some(Down::ContentRefused { message }) => Err(failed(message)),
             other => Err(failed(format!("answered with {other:?}"))),
