@@ -161,15 +161,15 @@ fn the_status_page_in_chromium_matches_the_cli_pages_and_follows_a_node_that_die
     browser.goto(&format!("{base}/nodes"));
     browser.type_into("#filter-label", "pool=lab");
     browser.click("#filter-apply");
+    // The click starts the navigation; the address changes once the filtered page loads (read
+    // at once, it was still the unfiltered one in a CI run).
+    let filtered = wait_until(WAIT, || browser.url().contains("label=pool%3Dlab"));
+    assert!(filtered, "{}", browser.url());
+    let two = wait_until(WAIT, || browser.count("#nodes tr[id^=node-]") == 2);
     assert!(
-        browser.url().contains("label=pool%3Dlab"),
-        "{}",
-        browser.url()
-    );
-    assert_eq!(
-        browser.count("#nodes tr[id^=node-]"),
-        2,
-        "the filter by label"
+        two,
+        "the filter by label: {} rows",
+        browser.count("#nodes tr[id^=node-]")
     );
     let first_row = browser.run(
         "return document.querySelector('#nodes tr[id^=node-]').id;",
