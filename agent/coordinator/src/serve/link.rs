@@ -197,6 +197,9 @@ enum SlotWait {
 
 const BATCH: usize = 256;
 
+/// How long a session whose write failed still reads what the node sent before the break.
+const LAST_READS: Duration = Duration::from_secs(2);
+
 /// How long a stage keeps its place in the fetch window without an answer: a fetch that takes
 /// longer goes on, outside the window.
 const STAGE_SLOT_LIMIT: Duration = Duration::from_secs(120);
@@ -332,6 +335,10 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
                 } => None,
             }
         };
+        if let Some(Err(Dropped::Io(_) | Dropped::Frame(_))) = &finished {
+            settle_calls_answered_before_the_break(&mut self.inflight, &mut inbox, LAST_READS)
+                .await;
+        }
         reading.abort();
         match finished {
             Some(result) => result,
@@ -636,6 +643,28 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     }
 }
 
+/// Hands the calls' callers the answers the node sent before its connection broke under a
+/// write: an agent that answers `update` and restarts at once leaves its answer here, read or
+/// about to be, while the next command written finds the connection gone.
+async fn settle_calls_answered_before_the_break(
+    inflight: &mut HashMap<OpId, Pending>,
+    inbox: &mut mpsc::Receiver<Box<Read>>,
+    patience: Duration,
+) {
+    let until = tokio::time::Instant::now() + patience;
+    while let Ok(Some(read)) = tokio::time::timeout_at(until, inbox.recv()).await {
+        match *read {
+            Ok(Some(Inbound::Message(Up::Result { op, answer }))) => {
+                if let Some(Pending::Call(reply)) = inflight.remove(&op) {
+                    let _ = reply.send(answer);
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return,
+        }
+    }
+}
+
 /// What the reader task hands the session: a message, the end, or why reading failed.
 type Read = Result<Option<Inbound>, protocol::FrameError>;
 
@@ -687,6 +716,47 @@ fn unreadable_event(event: serde_json::Value, error: &serde_json::Error) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleet_proto::protocol::Reply;
+
+    #[tokio::test]
+    async fn a_call_answered_just_before_the_connection_broke_reaches_its_caller() {
+        let (tx, mut inbox) = mpsc::channel::<Box<Read>>(4);
+        let (reply, answer) = oneshot::channel();
+        let (left, _unanswered) = oneshot::channel();
+        let mut inflight = HashMap::from([
+            (OpId::new("call-g1-1"), Pending::Call(reply)),
+            (OpId::new("call-g1-2"), Pending::Call(left)),
+        ]);
+        let updating = Up::Result {
+            op: OpId::new("call-g1-1"),
+            answer: Ok(Reply::Updating { from: 0, to: 5 }),
+        };
+        tx.send(Box::new(Ok(Some(Inbound::Message(Up::Heartbeat)))))
+            .await
+            .unwrap();
+        tx.send(Box::new(Ok(Some(Inbound::Message(updating)))))
+            .await
+            .unwrap();
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        tx.send(Box::new(Err(protocol::FrameError::from(reset))))
+            .await
+            .unwrap();
+        settle_calls_answered_before_the_break(&mut inflight, &mut inbox, LAST_READS).await;
+        assert!(matches!(
+            answer.await,
+            Ok(Ok(Reply::Updating { from: 0, to: 5 }))
+        ));
+        // The call the node never answered stays for the session's end to drop.
+        assert!(inflight.contains_key(&OpId::new("call-g1-2")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_hears_nothing_more_is_waited_for_no_longer_than_the_patience() {
+        let (_tx, mut inbox) = mpsc::channel::<Box<Read>>(4);
+        let began = tokio::time::Instant::now();
+        settle_calls_answered_before_the_break(&mut HashMap::new(), &mut inbox, LAST_READS).await;
+        assert_eq!(began.elapsed(), LAST_READS);
+    }
 
     #[test]
     fn an_event_with_an_unknown_state_is_refused_alone() {
