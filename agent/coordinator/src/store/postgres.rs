@@ -81,6 +81,9 @@ const WRITE_PATIENCE: Duration = Duration::from_secs(60);
 /// doubles from 1 ms, so transactions that met stop meeting.
 const WRITE_BACKOFF_CAP: Duration = Duration::from_millis(250);
 
+/// A write tried again for this long or longer is logged: the store's writers are meeting.
+const SLOW_WRITE: Duration = Duration::from_secs(1);
+
 /// A set of this many runs or more has the queue's tables measured again as it commits.
 const BULK_RUNS: usize = 1000;
 
@@ -610,7 +613,11 @@ impl PostgresBackend {
                 }
                 // A failed COMMIT ends the transaction too: nothing of it was kept.
                 let bulk = tx.bulk.get();
-                match conn.client.batch_execute("COMMIT") {
+                let committed = conn.client.batch_execute("COMMIT");
+                if tries > 1 && begun.elapsed() >= SLOW_WRITE && !committed.as_ref().is_err_and(is_conflict) {
+                    tracing::warn!(tries, ms = begun.elapsed().as_millis() as u64, "a write met conflicting transactions and was tried again before it committed");
+                }
+                match committed {
                     Err(e) if is_conflict(&e) => continue,
                     Ok(()) if bulk => {
                         // Before the sessions read the new queue: plans from before it scan it.
