@@ -87,6 +87,10 @@ pub const RULES: &[(&str, Rule)] = &[
         changes_applied_together_each_answered,
     ),
     (
+        "one_nodes_changes_in_one_batch_read_each_others_writes",
+        one_nodes_changes_in_one_batch_read_each_others_writes,
+    ),
+    (
         "a_drain_is_kept_and_refuses_new_runs",
         a_drain_is_kept_and_refuses_new_runs,
     ),
@@ -1217,6 +1221,86 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
         moved_states(&again[2]).is_empty(),
         "a deduped event moves no run"
     );
+}
+
+/// Several changes of one node in one transaction (a backend may hold their writes until
+/// commit): each reads what the ones before it wrote, and the record stored is the sum.
+pub fn one_nodes_changes_in_one_batch_read_each_others_writes(blank: Blank) {
+    let store = open(blank, KEEP_FINAL_RUNS);
+    join(&store, NODE_A, KEY_A);
+    create(
+        &store,
+        "s1",
+        &[
+            run("r1", "s1", NODE_A, b"p", 1),
+            run("r2", "s1", NODE_A, b"p", 2),
+        ],
+    );
+    let open_session = |lease_until_ms| Change::OpenSession {
+        node_id: NODE_A.into(),
+        lease_until_ms,
+        at: Some("coordinator-1:18426".into()),
+        protocol: fleet_proto::version::ProtocolVersion(2),
+    };
+    let facts = fleet_proto::facts::Facts {
+        arch: "aarch64".into(),
+        cpus: 4,
+        memory_bytes: 1 << 30,
+        disk_free_bytes: 1 << 30,
+        kernel: "6.1".into(),
+        os: "debian".into(),
+        agent_version: "test".into(),
+        accelerators: Vec::new(),
+        max_runs: Some(3),
+        measured_link: None,
+        release: None,
+    };
+    let changes = [
+        open_session(5_000),
+        Change::Events {
+            node_id: NODE_A.into(),
+            events: vec![event(1, "r1", RunState::Running)],
+        },
+        Change::Events {
+            node_id: NODE_A.into(),
+            events: vec![
+                event(1, "r1", RunState::Running),
+                event(2, "r2", RunState::Running),
+            ],
+        },
+        open_session(4_000),
+        Change::Facts {
+            beat: Beat {
+                node_id: NODE_A.into(),
+                at_ms: 6_000,
+                lease_until_ms: 9_000,
+            },
+            facts: Box::new(facts),
+        },
+        open_session(3_000),
+    ];
+    let answers = store.apply(&changes);
+    assert_eq!(answers[0].as_ref().ok(), Some(&Applied::Generation(1)));
+    assert_eq!(events_up_to(&answers[1]), Some(1));
+    assert_eq!(events_up_to(&answers[2]), Some(2));
+    assert_eq!(
+        moved_states(&answers[2]),
+        [RunState::Running],
+        "the event the change before stored is not stored again"
+    );
+    assert_eq!(answers[3].as_ref().ok(), Some(&Applied::Generation(2)));
+    assert_eq!(answers[4].as_ref().ok(), Some(&Applied::Done));
+    assert_eq!(answers[5].as_ref().ok(), Some(&Applied::Generation(3)));
+    let a = store.node(&nid(NODE_A)).unwrap().unwrap();
+    assert_eq!(a.generation, 3);
+    assert_eq!(
+        (a.last_heartbeat_ms, a.lease_until_ms, a.last_event_id),
+        (Some(6_000), 9_000, 2),
+        "the greatest lease, the time heard and the last event stored"
+    );
+    assert_eq!(a.facts.as_ref().map(|f| f.cpus), Some(4), "{a:?}");
+    assert_eq!(a.session_at.as_deref(), Some("coordinator-1:18426"));
+    assert_eq!(state_of(&store, "r2"), RunState::Running);
 }
 
 fn events_up_to(answer: &StoreResult<Applied>) -> Option<u64> {

@@ -608,6 +608,11 @@ pub trait WriteTx: ReadTx {
         let _ = ids;
         Ok(())
     }
+    /// The same for the nodes the transaction is about to read.
+    fn read_nodes_ahead(&mut self, ids: &[NodeId]) -> StoreResult<()> {
+        let _ = ids;
+        Ok(())
+    }
     /// Records new runs, each in its node's active and waiting indexes; refused, naming it, when
     /// a run exists already. A backend may write them all in a few statements: a set of 10 000
     /// runs must not hold a transaction open while busy sessions commit.

@@ -598,7 +598,9 @@ impl PostgresBackend {
                 tries += 1;
                 self.begin(conn, begin)?;
                 let mut tx = PgTx::new(conn);
-                let mut done = f(&mut tx).and_then(|()| tx.write_runs());
+                let mut done = (f(&mut tx))
+                    .and_then(|()| tx.write_runs())
+                    .and_then(|()| tx.write_nodes());
                 if done.is_ok() && tx.announce.get() {
                     // Delivered at commit, once per transaction, to every listening coordinator.
                     done = tx.execute("SELECT pg_notify($1, '')", &[&WAITING_CHANNEL]);
@@ -716,6 +718,38 @@ struct PgTx<'a> {
     /// The runs written and not yet sent: all in one statement before commit
     /// ([`PgTx::write_runs`]), not one round trip per change.
     unsent: RefCell<BTreeSet<String>>,
+    /// The nodes this transaction read or wrote, as its rules read them (None: not stored): a
+    /// batch of 512 session opens reads them in one round trip, not 512.
+    nodes: RefCell<HashMap<String, Option<NodeRecord>>>,
+    /// What is written to the node tables and not sent yet: a statement per table before
+    /// commit ([`PgTx::write_nodes`]), in one order of ids whichever coordinator writes.
+    unsent_nodes: RefCell<UnsentNodes>,
+}
+
+/// Node writes held until commit, each once per node: the last record, the greatest lease and
+/// time heard, the last event id.
+#[derive(Default)]
+struct UnsentNodes {
+    records: BTreeSet<String>,
+    leases: BTreeMap<String, (Option<u64>, u64)>,
+    marks: BTreeMap<String, u64>,
+}
+
+impl UnsentNodes {
+    fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.leases.is_empty() && self.marks.is_empty()
+    }
+
+    /// `node` as it reads once this transaction's writes to it are in.
+    fn apply_to(&self, node: &mut NodeRecord) {
+        if let Some((heard, lease)) = self.leases.get(node.id.as_str()) {
+            node.last_heartbeat_ms = node.last_heartbeat_ms.max(*heard);
+            node.lease_until_ms = node.lease_until_ms.max(*lease);
+        }
+        if let Some(mark) = self.marks.get(node.id.as_str()) {
+            node.last_event_id = *mark;
+        }
+    }
 }
 
 type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
@@ -730,7 +764,90 @@ impl<'a> PgTx<'a> {
             bulk: Cell::new(false),
             runs: RefCell::default(),
             unsent: RefCell::default(),
+            nodes: RefCell::default(),
+            unsent_nodes: RefCell::default(),
         }
+    }
+
+    /// Sends every node record, lease and event mark written since the last call, a statement
+    /// per table.
+    fn write_nodes(&self) -> StoreResult<()> {
+        let unsent = std::mem::take(&mut *self.unsent_nodes.borrow_mut());
+        if unsent.is_empty() {
+            return Ok(());
+        }
+        let nodes = self.nodes.borrow();
+        let records: Vec<&NodeRecord> = (unsent.records.iter())
+            .filter_map(|id| nodes.get(id).and_then(Option::as_ref))
+            .collect();
+        if !records.is_empty() {
+            let ids: Vec<&str> = records.iter().map(|n| n.id.as_str()).collect();
+            let records: Vec<Json<&NodeRecord>> = records.into_iter().map(json).collect();
+            self.execute(
+                "INSERT INTO nodes (id, record) SELECT * FROM unnest($1::text[], $2::jsonb[])
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+                &[&ids, &records],
+            )?;
+        }
+        if !unsent.leases.is_empty() {
+            let ids: Vec<&str> = unsent.leases.keys().map(String::as_str).collect();
+            let heard = (unsent.leases.values())
+                .map(|(heard, _)| heard.map(bigint).transpose())
+                .collect::<StoreResult<Vec<Option<i64>>>>()?;
+            let leases = (unsent.leases.values())
+                .map(|(_, lease)| bigint(*lease))
+                .collect::<StoreResult<Vec<i64>>>()?;
+            self.execute(
+                "INSERT INTO leases (node_id, last_heartbeat_ms, lease_until_ms)
+                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                 ON CONFLICT (node_id) DO UPDATE SET
+                     last_heartbeat_ms = GREATEST(leases.last_heartbeat_ms, EXCLUDED.last_heartbeat_ms),
+                     lease_until_ms = GREATEST(leases.lease_until_ms, EXCLUDED.lease_until_ms)",
+                &[&ids, &heard, &leases],
+            )?;
+        }
+        if !unsent.marks.is_empty() {
+            let ids: Vec<&str> = unsent.marks.keys().map(String::as_str).collect();
+            let marks =
+                (unsent.marks.values().map(|m| bigint(*m))).collect::<StoreResult<Vec<i64>>>()?;
+            self.execute(
+                "INSERT INTO event_marks (node_id, last_event_id)
+                 SELECT * FROM unnest($1::text[], $2::bigint[])
+                 ON CONFLICT (node_id) DO UPDATE SET last_event_id = EXCLUDED.last_event_id",
+                &[&ids, &marks],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Reads the nodes under `ids` not read yet into [`PgTx::nodes`], in one round trip.
+    fn read_nodes(&self, ids: &[NodeId]) -> StoreResult<()> {
+        let keys: Vec<&str> = {
+            let nodes = self.nodes.borrow();
+            (ids.iter().map(NodeId::as_str))
+                .filter(|id| !nodes.contains_key(*id))
+                .collect()
+        };
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let rows = self.query(
+            "SELECT n.id, n.record, l.last_heartbeat_ms, l.lease_until_ms, m.last_event_id
+             FROM nodes n LEFT JOIN leases l ON l.node_id = n.id
+             LEFT JOIN event_marks m ON m.node_id = n.id WHERE n.id = ANY($1)",
+            &[&keys],
+        )?;
+        let unsent = self.unsent_nodes.borrow();
+        let mut nodes = self.nodes.borrow_mut();
+        for key in keys {
+            nodes.insert(key.to_string(), None);
+        }
+        for row in &rows {
+            let mut node = node_of(row)?;
+            unsent.apply_to(&mut node);
+            nodes.insert(node.id.as_str().to_string(), Some(node));
+        }
+        Ok(())
     }
 
     /// Sends every run written since the last call, in one statement.
@@ -845,17 +962,13 @@ impl ReadTx for PgTx<'_> {
     }
 
     fn node(&self, id: &NodeId) -> StoreResult<Option<NodeRecord>> {
-        let id = id.as_str();
-        let row = self.query_opt(
-            "SELECT n.id, n.record, l.last_heartbeat_ms, l.lease_until_ms, m.last_event_id
-             FROM nodes n LEFT JOIN leases l ON l.node_id = n.id
-             LEFT JOIN event_marks m ON m.node_id = n.id WHERE n.id = $1",
-            &[&id],
-        )?;
-        row.as_ref().map(node_of).transpose()
+        self.read_nodes(std::slice::from_ref(id))?;
+        Ok(self.nodes.borrow().get(id.as_str()).cloned().flatten())
     }
 
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+        // The whole table is read from the server: this transaction's writes go there first.
+        self.write_nodes()?;
         let rows = self.query(
             "SELECT n.id, n.record, l.last_heartbeat_ms, l.lease_until_ms, m.last_event_id
              FROM nodes n LEFT JOIN leases l ON l.node_id = n.id
@@ -1023,11 +1136,12 @@ impl WriteTx for PgTx<'_> {
     }
 
     fn put_node(&mut self, node: &NodeRecord) -> StoreResult<()> {
-        self.execute(
-            "INSERT INTO nodes (id, record) VALUES ($1, $2)
-             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
-            &[&node.id.as_str(), &json(node)],
-        )
+        let id = node.id.as_str().to_string();
+        let mut kept = node.clone();
+        self.unsent_nodes.borrow().apply_to(&mut kept);
+        self.nodes.borrow_mut().insert(id.clone(), Some(kept));
+        self.unsent_nodes.borrow_mut().records.insert(id);
+        Ok(())
     }
 
     fn put_lease(
@@ -1036,25 +1150,39 @@ impl WriteTx for PgTx<'_> {
         heard_ms: Option<u64>,
         lease_until_ms: u64,
     ) -> StoreResult<()> {
-        let heard = heard_ms.map(bigint).transpose()?;
-        self.execute(
-            "INSERT INTO leases (node_id, last_heartbeat_ms, lease_until_ms) VALUES ($1, $2, $3)
-             ON CONFLICT (node_id) DO UPDATE SET
-                 last_heartbeat_ms = GREATEST(leases.last_heartbeat_ms, EXCLUDED.last_heartbeat_ms),
-                 lease_until_ms = GREATEST(leases.lease_until_ms, EXCLUDED.lease_until_ms)",
-            &[&node_id.as_str(), &heard, &bigint(lease_until_ms)?],
-        )
+        bigint(lease_until_ms)?;
+        heard_ms.map(bigint).transpose()?;
+        let mut unsent = self.unsent_nodes.borrow_mut();
+        let held = (unsent.leases)
+            .entry(node_id.as_str().to_string())
+            .or_insert((heard_ms, lease_until_ms));
+        *held = (held.0.max(heard_ms), held.1.max(lease_until_ms));
+        if let Some(Some(node)) = self.nodes.borrow_mut().get_mut(node_id.as_str()) {
+            unsent.apply_to(node);
+        }
+        Ok(())
     }
 
     fn set_last_event_id(&mut self, node_id: &NodeId, id: u64) -> StoreResult<()> {
-        self.execute(
-            "INSERT INTO event_marks (node_id, last_event_id) VALUES ($1, $2)
-             ON CONFLICT (node_id) DO UPDATE SET last_event_id = EXCLUDED.last_event_id",
-            &[&node_id.as_str(), &bigint(id)?],
-        )
+        bigint(id)?;
+        let mut unsent = self.unsent_nodes.borrow_mut();
+        unsent.marks.insert(node_id.as_str().to_string(), id);
+        if let Some(Some(node)) = self.nodes.borrow_mut().get_mut(node_id.as_str()) {
+            unsent.apply_to(node);
+        }
+        Ok(())
     }
 
     fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<Vec<Beat>> {
+        // Written on the server apart from the held writes: those go first, and what this
+        // transaction read of these nodes is read again.
+        self.write_nodes()?;
+        {
+            let mut nodes = self.nodes.borrow_mut();
+            for beat in beats {
+                nodes.remove(beat.node_id.as_str());
+            }
+        }
         let ids: Vec<&str> = beats.iter().map(|b| b.node_id.as_str()).collect();
         let heard = (beats.iter().map(|b| bigint(b.at_ms))).collect::<StoreResult<Vec<_>>>()?;
         let leases =
@@ -1107,6 +1235,10 @@ impl WriteTx for PgTx<'_> {
 
     fn read_runs_ahead(&mut self, ids: &[RunId]) -> StoreResult<()> {
         self.read_runs(ids)
+    }
+
+    fn read_nodes_ahead(&mut self, ids: &[NodeId]) -> StoreResult<()> {
+        self.read_nodes(ids)
     }
 
     fn put_new_runs(&mut self, runs: &[RunRow]) -> StoreResult<()> {
@@ -1246,6 +1378,15 @@ impl WriteTx for PgTx<'_> {
     }
 
     fn remove_node(&mut self, id: &NodeId) -> StoreResult<()> {
+        {
+            let mut unsent = self.unsent_nodes.borrow_mut();
+            unsent.records.remove(id.as_str());
+            unsent.leases.remove(id.as_str());
+            unsent.marks.remove(id.as_str());
+        }
+        self.nodes
+            .borrow_mut()
+            .insert(id.as_str().to_string(), None);
         self.execute("DELETE FROM nodes WHERE id = $1", &[&id.as_str()])?;
         self.execute("DELETE FROM leases WHERE node_id = $1", &[&id.as_str()])?;
         self.execute(

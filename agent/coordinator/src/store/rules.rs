@@ -653,8 +653,10 @@ impl Store {
         };
         let keep = self.keep_final_runs;
         let runs: Vec<RunId> = changes.iter().flat_map(Change::runs).cloned().collect();
+        let nodes: Vec<NodeId> = changes.iter().filter_map(Change::node).cloned().collect();
         let together = self.write(|tx| {
             tx.read_runs_ahead(&runs)?;
+            tx.read_nodes_ahead(&nodes)?;
             changes
                 .iter()
                 .map(|change| match change {
@@ -973,6 +975,15 @@ impl Change {
             _ => (&[], &[]),
         };
         (answers.iter().map(|(id, _)| id)).chain(events.iter().map(NodeEvent::run_id))
+    }
+
+    /// The node whose record the change reads, so a batch can read them all at once.
+    fn node(&self) -> Option<&NodeId> {
+        match self {
+            Change::OpenSession { node_id, .. } | Change::Events { node_id, .. } => Some(node_id),
+            Change::Facts { beat, .. } => Some(&beat.node_id),
+            Change::Beats(_) | Change::Accept(_) => None,
+        }
     }
 }
 
