@@ -789,7 +789,7 @@ impl Coordinator {
 
     pub(crate) fn sweep(
         &self,
-        nodes: &[NodeRecord],
+        leases: &[(NodeId, u64)],
         active: Vec<crate::store::ActiveRun>,
         waiting_timeout_ms: u64,
         up_since_ms: u64,
@@ -797,10 +797,9 @@ impl Coordinator {
         read_at_ms: u64,
     ) -> Result<(), CoordinatorError> {
         // Judged at the time of the read: a lease renewed while a slow read went on is not seen
-        // in `nodes`, and the clock of now would find it passed.
+        // in `leases`, and the clock of now would find it passed.
         let now = read_at_ms;
-        let nodes: HashMap<&NodeId, u64> =
-            (nodes.iter()).map(|n| (&n.id, n.lease_until_ms)).collect();
+        let nodes: HashMap<&NodeId, u64> = leases.iter().map(|(id, until)| (id, *until)).collect();
         let mut retried = false;
         for row in active {
             let lease_until = nodes.get(&row.node_id).copied().unwrap_or(0);

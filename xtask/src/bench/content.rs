@@ -96,6 +96,7 @@ pub fn run() -> Result<()> {
     drop(coordinator);
 
     let (one_copy, two_copies) = import_with_copies(&work, &bin, &data)?;
+    let (one_write, two_writes) = disk_floor(&work, &data)?;
     let curl_s = curl_floor(&work, &data)?;
     let (stage, collect, curl) = (median(&stage_s), median(&collect_s), median(&curl_s));
     let scp = scp_both_ways(&work, &data).map(|(to, from)| (median(&to), median(&from)));
@@ -136,7 +137,9 @@ pub fn run() -> Result<()> {
          {SAMPLES}: with `--content-copies 1` {one_copy:.2} s, with `--content-copies 2` (`run` \
          pushes the file to the other coordinator while it reads it, each side checking and \
          syncing its copy, before `run` returns) {two_copies:.2} s, \
-         {extra:+.0}% (target: at most +30%).\n\n\
+         {extra:+.0}% (target: at most +30%). The floor of a second copy on this machine, where \
+         both coordinators write to one disk: `dd oflag=direct conv=fsync` of the same {SIZE_MIB} \
+         MiB alone {one_write:.2} s, two at once {two_writes:.2} s ({floor:+.0}%).\n\n\
          Staging {} the 1.2x target; collecting {} it. A collect passes over the bytes once \
          on each side: the node reads the run's file in place and hashes it as it sends it, the \
          coordinator decrypts, hashes, writes and fsyncs it, and `collect --out` renames the \
@@ -147,6 +150,7 @@ pub fn run() -> Result<()> {
         verdict(stage / curl),
         verdict(collect / curl),
         extra = (two_copies / one_copy - 1.0) * 100.0,
+        floor = (two_writes / one_write - 1.0) * 100.0,
     );
     record_benchmark("content", &markdown)?;
     println!("{markdown}");
@@ -213,6 +217,33 @@ fn import_with_copies(work: &Path, agent: &Path, data: &Path) -> Result<(f64, f6
     }
     drop(cluster);
     Ok((medians[0], medians[1]))
+}
+
+/// The disk's own cost of a second copy: `data` written past the page cache and synced by `dd`,
+/// once alone and twice at once (the medians, in seconds).
+fn disk_floor(work: &Path, data: &Path) -> Result<(f64, f64)> {
+    let dd = |to: &str| {
+        let mut cmd = Command::new("dd");
+        cmd.arg(format!("if={}", data.display()))
+            .arg(format!("of={}", work.join(to).display()))
+            .args(["bs=1M", "oflag=direct", "conv=fsync", "status=none"]);
+        cmd
+    };
+    let (mut alone, mut together) = (Vec::new(), Vec::new());
+    for _ in 0..SAMPLES {
+        alone.push(measure(&mut dd("floor-a"))?.seconds);
+        let began = Instant::now();
+        let (mut a, mut b) = (dd("floor-a").spawn()?, dd("floor-b").spawn()?);
+        let (a, b) = (a.wait()?, b.wait()?);
+        if !a.success() || !b.success() {
+            bail!("dd of {} failed: {a}, {b}", data.display());
+        }
+        together.push(began.elapsed().as_secs_f64());
+        for name in ["floor-a", "floor-b"] {
+            std::fs::remove_file(work.join(name))?;
+        }
+    }
+    Ok((median(&alone), median(&together)))
 }
 
 /// Waits for the set's one row to finish; returns its run id.

@@ -240,10 +240,18 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
                 return Ok(());
             }
             let store = swept_by.store();
-            let (nodes, active) = (store.nodes()?, store.active_runs()?);
-            let failed = store.failed_bootstraps()?.len();
-            let census = FleetCounts::of(&nodes, failed, &active, now);
-            swept_by.recorder().took_census(now, census);
+            // The whole records (and every token) only when a scrape will show the census.
+            let (leases, active) = match census_wanted {
+                true => {
+                    let (nodes, active) = (store.nodes()?, store.active_runs()?);
+                    let failed = store.failed_bootstraps()?.len();
+                    let census = FleetCounts::of(&nodes, failed, &active, now);
+                    swept_by.recorder().took_census(now, census);
+                    let leases = nodes.into_iter().map(|n| (n.id, n.lease_until_ms));
+                    (leases.collect::<Vec<_>>(), active)
+                }
+                false => (store.lease_ends()?, store.active_runs()?),
+            };
             if !sweeps {
                 return Ok(());
             }
@@ -256,7 +264,7 @@ async fn sweep_forever(coordinator: Arc<Coordinator>, config: Arc<ServeConfig>) 
                 Err(e) => tracing::warn!("cannot measure the grown tables again: {e}"),
             }
             swept_by.sweep(
-                &nodes,
+                &leases,
                 active,
                 config.waiting_timeout.as_millis() as u64,
                 up_since,

@@ -1299,6 +1299,7 @@ pub fn one_nodes_changes_in_one_batch_read_each_others_writes(blank: Blank) {
         "the greatest lease, the time heard and the last event stored"
     );
     assert_eq!(a.facts.as_ref().map(|f| f.cpus), Some(4), "{a:?}");
+    assert_eq!(store.lease_ends().unwrap(), [(nid(NODE_A), 9_000)]);
     assert_eq!(a.session_at.as_deref(), Some("coordinator-1:18426"));
     assert_eq!(state_of(&store, "r2"), RunState::Running);
 }

@@ -478,6 +478,12 @@ pub trait ReadTx {
     fn node(&self, id: &NodeId) -> StoreResult<Option<NodeRecord>>;
     /// Every node, in any order.
     fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
+    /// Every node's lease end, in any order: what the run sweep judges by, without the records.
+    fn lease_ends(&self) -> StoreResult<Vec<(NodeId, u64)>> {
+        Ok((self.nodes()?.into_iter())
+            .map(|n| (n.id, n.lease_until_ms))
+            .collect())
+    }
     /// Program digest -> its bytes.
     /// How many references stored runs hold on the content (0 when unknown).
     fn program_refs(&self, digest: &str) -> StoreResult<u64>;

@@ -227,6 +227,11 @@ impl Store {
         self.read(|tx| tx.nodes())
     }
 
+    /// Every node's lease end (see [`ReadTx::lease_ends`]).
+    pub fn lease_ends(&self) -> StoreResult<Vec<(NodeId, u64)>> {
+        self.read(|tx| tx.lease_ends())
+    }
+
     /// Drains the node from `since_ms` (it takes no new run; a node already draining keeps its
     /// first time), or with None takes it back; None for an unknown node.
     pub fn set_drain(&self, id: &NodeId, since_ms: Option<u64>) -> StoreResult<Option<NodeRecord>> {
