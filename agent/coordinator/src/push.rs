@@ -61,6 +61,11 @@ pub fn import_copying(
         }
         links
     });
+    if links.len() == targets.wanted {
+        for line in failed.drain(..) {
+            eprintln!("{line}; the copy went to the next coordinator");
+        }
+    }
     let (mut senders, mut pushes) = (Vec::new(), tokio::task::JoinSet::new());
     for link in links {
         let (sender, pieces) = mpsc::channel(PIECES_AHEAD);

@@ -202,6 +202,23 @@ fn refs(store: &Store, digest: &str) -> u64 {
     store.read(|tx| tx.program_refs(digest)).unwrap()
 }
 
+/// A node's facts: `cpus` cores, as many runs at once.
+fn facts(arch: &str, cpus: usize) -> fleet_proto::facts::Facts {
+    fleet_proto::facts::Facts {
+        arch: arch.into(),
+        cpus,
+        memory_bytes: 1 << 30,
+        disk_free_bytes: 1 << 30,
+        kernel: "6.1".into(),
+        os: "debian".into(),
+        agent_version: "test".into(),
+        accelerators: Vec::new(),
+        max_runs: Some(cpus as u32),
+        measured_link: None,
+        release: None,
+    }
+}
+
 fn event(id: u64, run_id: &str, state: RunState) -> NodeEvent {
     let report = match state {
         RunState::Failed => RunReport::error("it broke"),
@@ -412,19 +429,7 @@ pub fn sessions_and_heartbeats(blank: Blank) {
         "a session for a node that never joined"
     );
     join(&store, NODE_B, KEY_B);
-    let facts = fleet_proto::facts::Facts {
-        arch: "x86_64".into(),
-        cpus: 2,
-        memory_bytes: 1 << 30,
-        disk_free_bytes: 1 << 30,
-        kernel: "6.1".into(),
-        os: "debian".into(),
-        agent_version: "test".into(),
-        accelerators: Vec::new(),
-        max_runs: Some(2),
-        measured_link: None,
-        release: None,
-    };
+    let facts = facts("x86_64", 2);
     store
         .heartbeat(&nid(NODE_A), 2_600, 4_100, Some(facts.clone()))
         .unwrap();
@@ -1242,19 +1247,7 @@ pub fn one_nodes_changes_in_one_batch_read_each_others_writes(blank: Blank) {
         at: Some("coordinator-1:18426".into()),
         protocol: fleet_proto::version::ProtocolVersion(2),
     };
-    let facts = fleet_proto::facts::Facts {
-        arch: "aarch64".into(),
-        cpus: 4,
-        memory_bytes: 1 << 30,
-        disk_free_bytes: 1 << 30,
-        kernel: "6.1".into(),
-        os: "debian".into(),
-        agent_version: "test".into(),
-        accelerators: Vec::new(),
-        max_runs: Some(3),
-        measured_link: None,
-        release: None,
-    };
+    let facts = facts("aarch64", 4);
     let changes = [
         open_session(5_000),
         Change::Events {
