@@ -838,12 +838,7 @@ impl<'a> PgTx<'a> {
 
     /// Reads the nodes under `ids` not read yet into [`PgTx::nodes`], in one round trip.
     fn read_nodes(&self, ids: &[NodeId]) -> StoreResult<()> {
-        let keys: Vec<&str> = {
-            let nodes = self.nodes.borrow();
-            (ids.iter().map(NodeId::as_str))
-                .filter(|id| !nodes.contains_key(*id))
-                .collect()
-        };
+        let keys = not_read(&self.nodes, ids.iter().map(NodeId::as_str));
         if keys.is_empty() {
             return Ok(());
         }
@@ -889,12 +884,7 @@ impl<'a> PgTx<'a> {
 
     /// Reads the runs under `ids` not read yet into [`PgTx::runs`], in one round trip.
     fn read_runs(&self, ids: &[RunId]) -> StoreResult<()> {
-        let keys: Vec<&str> = {
-            let runs = self.runs.borrow();
-            (ids.iter().map(RunId::as_str))
-                .filter(|id| !runs.contains_key(*id))
-                .collect()
-        };
+        let keys = not_read(&self.runs, ids.iter().map(RunId::as_str));
         if keys.is_empty() {
             return Ok(());
         }
@@ -949,6 +939,15 @@ impl<'a> PgTx<'a> {
             None => Ok(None),
         }
     }
+}
+
+/// The keys of `ids` that a transaction's cache of records has not read yet.
+fn not_read<'i, T>(
+    cache: &RefCell<HashMap<String, Option<T>>>,
+    ids: impl Iterator<Item = &'i str>,
+) -> Vec<&'i str> {
+    let cache = cache.borrow();
+    ids.filter(|id| !cache.contains_key(*id)).collect()
 }
 
 fn decode<T: DeserializeOwned>(row: &Row, column: usize, key: &str) -> StoreResult<T> {
