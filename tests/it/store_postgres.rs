@@ -657,3 +657,36 @@ fn a_table_grown_past_its_last_measure_is_measured_again() {
     assert_eq!(pg.sql(db, last).trim(), "t");
     assert_eq!(store.refresh_statistics().unwrap(), Vec::<String>::new());
 }
+
+/// PostgreSQL's default predicate-lock settings lock a whole table for a transaction that reads
+/// 33 of its rows, which a large fleet's group commits do: `serve` says so at WARN with the
+/// setting to change, and says nothing once the server's threshold is high enough.
+#[test]
+fn serve_advises_the_predicate_lock_setting_a_large_fleet_needs() {
+    let pg = Postgres::start();
+    let dir = testkit::tempdir();
+    let advice = "PostgreSQL locks a whole table for a transaction that reads more than";
+    let mut coord = Coordinator::start(&dir.path().join("a"), &["--store", &pg.fresh_database()]);
+    let log = coord.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(advice))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains(
+            "more than 32 of its rows (max_pred_locks_per_transaction = 64, max_pred_locks_per_relation = -2)"
+        ) && line.contains("set max_pred_locks_per_transaction = 4096 in postgresql.conf and restart PostgreSQL"),
+        "{line}"
+    );
+    coord.kill();
+    pg.sql(
+        "postgres",
+        "ALTER SYSTEM SET max_pred_locks_per_relation = 2048",
+    );
+    pg.sql("postgres", "SELECT pg_reload_conf()");
+    let coord = Coordinator::start(&dir.path().join("b"), &["--store", &pg.fresh_database()]);
+    let log = coord.log_text();
+    assert!(log.contains("coordinator serving"), "{log}");
+    assert!(!log.contains(advice), "{log}");
+}

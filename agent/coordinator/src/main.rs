@@ -587,6 +587,12 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         content_copies: args.content_copies as usize,
         fetch_window: args.fetch_window as usize,
     };
+    // Before the runtime: the store's calls block.
+    match coordinator.store().tuning_advice() {
+        Ok(Some(advice)) => tracing::warn!("{advice}"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("cannot read the store's settings: {e}"),
+    }
     let runtime = binary::async_runtime()?;
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)

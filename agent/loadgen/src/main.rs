@@ -283,9 +283,15 @@ async fn session(
         node_id: node_id.clone(),
     };
     protocol::write_msg(&mut stream, &Opening::new(hello)).await?;
-    let Some(Down::Welcome { heartbeat_ms, .. }) = protocol::read_msg(&mut stream).await? else {
+    let Some(Down::Welcome {
+        heartbeat_ms,
+        lease_ms,
+        ..
+    }) = protocol::read_msg(&mut stream).await?
+    else {
         anyhow::bail!("no welcome");
     };
+    coordinators.welcomed(Duration::from_millis(lease_ms));
     counters.sessions.fetch_add(1, Ordering::Relaxed);
     counters.live.fetch_add(1, Ordering::Relaxed);
     let home = coordinators.dial_home(dial);

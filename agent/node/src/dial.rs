@@ -12,13 +12,21 @@ const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// dialing that one before it moves on: a restart's nodes come back to it instead of crowding
 /// the others and coming home later.
 pub const RESTART_WINDOW: Duration = Duration::from_secs(10);
+/// The longest a node waits before its first dial back to a coordinator that said it stops: its
+/// nodes come back spread over a quarter of their lease, up to this, instead of all at once (ten
+/// thousand handshakes in one second time out and come back later still, BENCHMARKS.md).
+const RETURN_SPREAD_CAP: Duration = Duration::from_millis(7_500);
 
 /// What [`Coordinators::advance`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Advanced {
     /// The current coordinator said it stops within [`RESTART_WINDOW`]: it is dialed again;
-    /// the window ends `left` from now.
-    Stayed { left: Duration },
+    /// the window ends `left` from now. The first dial since the word waits a random part of
+    /// `spread`, the rest the backoff.
+    Stayed {
+        left: Duration,
+        spread: Option<Duration>,
+    },
     /// On to the next coordinator.
     Moved,
     /// On to the next coordinator, the stopped one's window having ended without it back: the
@@ -38,6 +46,10 @@ struct Known {
     current: usize,
     /// Until when the current coordinator is dialed again after it said it stops.
     stay_until: Option<std::time::Instant>,
+    /// Whether the next dial is the first since a coordinator said it stops.
+    first_since_stop: bool,
+    /// The lease of the last welcome, which sets how widely a stop's nodes spread their return.
+    lease: Option<Duration>,
 }
 
 impl Coordinators {
@@ -54,6 +66,8 @@ impl Coordinators {
             addresses,
             current: 0,
             stay_until: None,
+            first_since_stop: false,
+            lease: None,
         })))
     }
 
@@ -76,7 +90,11 @@ impl Coordinators {
     /// once the window ended.
     pub fn advance_after(&self, backoff: &mut Backoff) -> Duration {
         match self.advance() {
-            Advanced::Stayed { left } => backoff.next_delay().min(left),
+            Advanced::Stayed {
+                left,
+                spread: Some(spread),
+            } => rand::Rng::gen_range(&mut rand::thread_rng(), Duration::ZERO..=spread).min(left),
+            Advanced::Stayed { left, spread: None } => backoff.next_delay().min(left),
             Advanced::Moved => backoff.next_delay(),
             Advanced::AfterWindow => {
                 backoff.reset();
@@ -91,7 +109,12 @@ impl Coordinators {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(until) = known.stay_until.filter(|until| now < *until) {
-            return Advanced::Stayed { left: until - now };
+            let first = std::mem::take(&mut known.first_since_stop);
+            let spread = known.lease.map(|lease| (lease / 4).min(RETURN_SPREAD_CAP));
+            return Advanced::Stayed {
+                left: until - now,
+                spread: spread.filter(|_| first),
+            };
         }
         let window = known.stay_until.take();
         known.current = (known.current + 1) % known.addresses.len();
@@ -115,7 +138,17 @@ impl Coordinators {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if known.stay_until.is_none_or(|until| until <= now) {
             known.stay_until = Some(now + RESTART_WINDOW);
+            known.first_since_stop = true;
         }
+    }
+
+    /// A coordinator welcomed this node with `lease`.
+    pub fn welcomed(&self, lease: Duration) {
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        known.lease = Some(lease);
     }
 
     /// Every coordinator known, the current one first.
@@ -219,8 +252,10 @@ mod tests {
         assert_eq!(
             known.advance_at(t0 + Duration::from_millis(200)),
             Advanced::Stayed {
-                left: RESTART_WINDOW - Duration::from_millis(200)
-            }
+                left: RESTART_WINDOW - Duration::from_millis(200),
+                spread: None,
+            },
+            "no welcome told a lease: no spread"
         );
         known.advance_at(t0 + RESTART_WINDOW - Duration::from_millis(1));
         assert_eq!(known.current(), "a:1", "still within the window");
@@ -231,6 +266,40 @@ mod tests {
             Advanced::Moved,
             "only the move that ends a window says so"
         );
+    }
+
+    #[test]
+    fn the_first_dial_back_after_a_stop_is_spread_over_a_quarter_lease_capped() {
+        let known = three();
+        let t0 = Instant::now();
+        known.welcomed(Duration::from_secs(8));
+        known.stopping_at(t0);
+        let stayed = |spread| Advanced::Stayed {
+            left: RESTART_WINDOW - Duration::from_secs(1),
+            spread,
+        };
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(
+            known.advance_at(later),
+            stayed(Some(Duration::from_secs(2)))
+        );
+        assert_eq!(known.advance_at(later), stayed(None), "then the backoff");
+        let t1 = t0 + RESTART_WINDOW * 3;
+        known.welcomed(Duration::from_secs(300));
+        known.stopping_at(t1);
+        assert_eq!(
+            known.advance_at(t1),
+            Advanced::Stayed {
+                left: RESTART_WINDOW,
+                spread: Some(RETURN_SPREAD_CAP)
+            }
+        );
+        let mut backoff = Backoff::new(Duration::from_millis(100));
+        known.stopping_at(t1 + RESTART_WINDOW * 2);
+        assert!(known.advance_after(&mut backoff) <= RETURN_SPREAD_CAP);
+        for _ in 0..5 {
+            assert!(known.advance_after(&mut backoff) <= Duration::from_secs(4));
+        }
     }
 
     #[test]

@@ -224,6 +224,7 @@ impl Session<'_> {
         let Down::Welcome {
             generation,
             heartbeat_ms,
+            lease_ms,
             coordinators,
             speaks,
             ..
@@ -238,6 +239,7 @@ impl Session<'_> {
                 coordinator: speaks,
             });
         };
+        self.coordinators.welcomed(Duration::from_millis(lease_ms));
         if self.coordinators.learn(&coordinators) {
             (self.remember)(self.coordinators.all());
         }

@@ -294,7 +294,9 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
     let per_node = (idle_kib.saturating_sub(empty_kib)) as f64 / nodes as f64;
     let store_name = match store {
         StoreKind::Redb => "embedded redb store",
-        StoreKind::Postgres => "one PostgreSQL 15 (Debian's, default settings, fsync on)",
+        StoreKind::Postgres => {
+            "one PostgreSQL 15 (Debian's, default settings but `max_pred_locks_per_transaction = 4096` as `serve` advises, fsync on)"
+        }
     };
     let mut markdown = format!(
         "## fleet: {k} coordinator(s), {store:?}, {nodes} nodes{title_off}\n\n\
@@ -504,11 +506,12 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
     let markdown = format!(
         "## fleet: rolling restart of {k} coordinators, PostgreSQL, {nodes} nodes\n\n\
          `cargo xtask bench fleet --coordinators {k} --store postgres --nodes {nodes} --rolling-restart`: \
-         {k} `fleet-coordinator serve` (static `{TARGET}` release, one PostgreSQL 15, heartbeat \
+         {k} `fleet-coordinator serve` (static `{TARGET}` release, one PostgreSQL 15 with `max_pred_locks_per_transaction = 4096`, heartbeat \
          {hb} s, lease {lease} s, metrics off) and {nodes} simulated nodes from `fleet-loadgen` \
          (one process per coordinator). Before each restart, a run to every node through the next \
          coordinator; then the coordinator is sent SIGTERM (it tells each session it stops, and \
-         the node dials it again for 10 s before moving on) and started again on its address, and \
+         the node dials it again for 10 s before moving on, the first time after a random wait of up \
+         to a quarter lease) and started again on its address, and \
          the next restart waits until the nodes it held are back home (each coordinator holding \
          97% of its share of the sessions, counted with `ss`). One run, on one machine of 2 cores \
          shared by every process.\n\n\

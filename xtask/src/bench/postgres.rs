@@ -1,6 +1,7 @@
 //! A throwaway PostgreSQL cluster from Debian's packages for `bench fleet --store postgres`: made
 //! by `initdb` as the `postgres` user (xtask runs as root, which PostgreSQL refuses), on a unix
-//! socket in its own folder, with the server's defaults (fsync on), stopped when dropped.
+//! socket in its own folder, with the server's defaults (fsync on) but the predicate locks `serve`
+//! advises, stopped when dropped.
 use crate::util;
 use anyhow::{Context, Result};
 use std::os::unix::fs::PermissionsExt;
@@ -57,7 +58,8 @@ impl Cluster {
         let conf = cluster.data().join("postgresql.conf");
         let mut text = std::fs::read_to_string(&conf)?;
         text.push_str(&format!(
-            "\nunix_socket_directories = '{}'\nlisten_addresses = ''\nmax_connections = {connections}\n",
+            "\nunix_socket_directories = '{}'\nlisten_addresses = ''\nmax_connections = {connections}\n\
+             max_pred_locks_per_transaction = 4096\n",
             dir.display()
         ));
         std::fs::write(&conf, text)?;

@@ -408,6 +408,11 @@ pub trait Backend: Send + Sync {
     }
     /// The store's file or database, for messages.
     fn location(&self) -> String;
+    /// A setting of the database that will slow a large fleet, as one line for the log of
+    /// `serve`: what it is and what to set instead.
+    fn tuning_advice(&self) -> StoreResult<Option<String>> {
+        Ok(None)
+    }
     /// What is there: nothing, a coordinator store of some version, or something else.
     fn layout(&self) -> StoreResult<Layout>;
     /// Lays out a blank store and records `version` as its schema version.
@@ -443,6 +448,15 @@ pub trait Backend: Send + Sync {
     /// 30 000 runs read beside a busy fleet's commits would otherwise never commit in
     /// PostgreSQL: every session's write would be a conflict for it.
     fn write_placing(
+        &self,
+        f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
+    ) -> StoreResult<()> {
+        self.write(f)
+    }
+    /// [`Backend::write`] for a group commit's batch, which its caller can split: a backend
+    /// whose transactions conflict may give up sooner, so the batch is applied in halves instead
+    /// of redone whole while other coordinators' writes keep failing it.
+    fn write_batch(
         &self,
         f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
     ) -> StoreResult<()> {

@@ -77,6 +77,10 @@ const MIGRATION_LOCK: i64 = 0x666c_6565_7473_746f; // "fleetsto"
 /// A write that keeps meeting conflicts is tried again for this long: on a busy machine the
 /// transactions take longer and overlap more, so patience is measured in time, not in tries.
 const WRITE_PATIENCE: Duration = Duration::from_secs(60);
+/// How long a group commit's batch is tried again before it is split (`Backend::write_batch`):
+/// with 30 000 nodes moving between coordinators, a batch of 512 redone whole failed 78 times
+/// over 52 s while its coordinator opened no session (BENCHMARKS.md).
+const BATCH_PATIENCE: Duration = Duration::from_secs(3);
 /// The longest pause between two tries of a write; each pause is random up to the cap, which
 /// doubles from 1 ms, so transactions that met stop meeting.
 const WRITE_BACKOFF_CAP: Duration = Duration::from_millis(250);
@@ -208,6 +212,22 @@ fn is_conflict(e: &postgres::Error) -> bool {
         e.code(),
         Some(&SqlState::T_R_SERIALIZATION_FAILURE) | Some(&SqlState::T_R_DEADLOCK_DETECTED)
     )
+}
+
+/// How many rows of one table a group commit's transaction may read (a batch of 512 changes,
+/// each reading its node's rows) before PostgreSQL should promote its locks to the whole table.
+const ROWS_A_BATCH_READS: i64 = 1024;
+/// What `tuning_advice` suggests: a table lock after 2 048 rows.
+const SUGGESTED_PRED_LOCKS: i64 = 4096;
+
+/// The rows of one relation a serializable transaction locks one by one before PostgreSQL locks
+/// the relation: `max_pred_locks_per_relation`, or when negative, `max_pred_locks_per_transaction`
+/// divided by its magnitude.
+fn rows_before_table_lock(per_transaction: i64, per_relation: i64) -> i64 {
+    match per_relation {
+        n if n >= 0 => n,
+        n => per_transaction / -n,
+    }
 }
 
 impl PostgresBackend {
@@ -577,7 +597,36 @@ impl Backend for PostgresBackend {
     }
 
     fn write(&self, f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>) -> StoreResult<()> {
-        self.write_at("BEGIN ISOLATION LEVEL SERIALIZABLE", f)
+        self.write_at("BEGIN ISOLATION LEVEL SERIALIZABLE", WRITE_PATIENCE, f)
+    }
+
+    fn write_batch(
+        &self,
+        f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
+    ) -> StoreResult<()> {
+        self.write_at("BEGIN ISOLATION LEVEL SERIALIZABLE", BATCH_PATIENCE, f)
+    }
+
+    /// A serializable transaction that reads more rows of one table than the server's threshold
+    /// locks the whole table: every other coordinator's write to it then conflicts and is tried
+    /// again (30 000 nodes: writes retried for 44 s, BENCHMARKS.md).
+    fn tuning_advice(&self) -> StoreResult<Option<String>> {
+        let (per_transaction, per_relation) = self.with_conn(|conn| {
+            let row = (conn.client)
+                .query_one(
+                    "SELECT current_setting('max_pred_locks_per_transaction')::bigint, \
+                            current_setting('max_pred_locks_per_relation')::bigint",
+                    &[],
+                )
+                .map_err(fail)?;
+            Ok((row.get::<_, i64>(0), row.get::<_, i64>(1)))
+        })?;
+        let rows = rows_before_table_lock(per_transaction, per_relation);
+        Ok((rows < ROWS_A_BATCH_READS).then(|| {
+            format!(
+                "PostgreSQL locks a whole table for a transaction that reads more than {rows} of its rows (max_pred_locks_per_transaction = {per_transaction}, max_pred_locks_per_relation = {per_relation}): with thousands of nodes, the coordinators' writes fail each other and are tried again; set max_pred_locks_per_transaction = {SUGGESTED_PRED_LOCKS} in postgresql.conf and restart PostgreSQL"
+            )
+        }))
     }
 
     /// At READ COMMITTED: each statement sees what committed before it, and the node-change
@@ -586,15 +635,16 @@ impl Backend for PostgresBackend {
         &self,
         f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
     ) -> StoreResult<()> {
-        self.write_at("BEGIN ISOLATION LEVEL READ COMMITTED", f)
+        self.write_at("BEGIN ISOLATION LEVEL READ COMMITTED", WRITE_PATIENCE, f)
     }
 }
 
 impl PostgresBackend {
-    /// One transaction begun with `begin`, tried again after a conflict for [`WRITE_PATIENCE`].
+    /// One transaction begun with `begin`, tried again after a conflict for `patience`.
     fn write_at(
         &self,
         begin: &str,
+        patience: Duration,
         f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
     ) -> StoreResult<()> {
         self.with_conn(|conn| {
@@ -602,10 +652,10 @@ impl PostgresBackend {
             let mut tries = 0u32;
             loop {
                 if tries > 0 {
-                    if begun.elapsed() >= WRITE_PATIENCE {
+                    if begun.elapsed() >= patience {
                         return Err(StoreError::Db(format!(
                             "a transaction met conflicting ones for {} s ({tries} tries); try again",
-                            WRITE_PATIENCE.as_secs()
+                            patience.as_secs()
                         )));
                     }
                     let cap = (1u64 << tries.min(16)).min(WRITE_BACKOFF_CAP.as_millis() as u64);
@@ -1437,6 +1487,16 @@ impl WriteTx for PgTx<'_> {
 #[cfg(test)]
 mod tests {
     use super::redact;
+
+    #[test]
+    fn a_table_is_locked_after_the_relation_setting_or_a_share_of_the_transaction_one() {
+        use super::{ROWS_A_BATCH_READS, SUGGESTED_PRED_LOCKS, rows_before_table_lock};
+        // PostgreSQL's defaults: 64 and -2, a table lock after 32 rows.
+        assert_eq!(rows_before_table_lock(64, -2), 32);
+        assert_eq!(rows_before_table_lock(64, 5000), 5000);
+        assert_eq!(rows_before_table_lock(4096, -4), 1024);
+        assert!(rows_before_table_lock(SUGGESTED_PRED_LOCKS, -2) >= ROWS_A_BATCH_READS);
+    }
 
     #[test]
     fn passwords_are_hidden_in_locations() {

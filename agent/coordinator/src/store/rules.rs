@@ -78,6 +78,11 @@ impl Store {
         self.backend.location()
     }
 
+    /// A setting of the database that will slow a large fleet, for `serve` to log.
+    pub fn tuning_advice(&self) -> StoreResult<Option<String>> {
+        self.backend.tuning_advice()
+    }
+
     /// A read-only look at the records, on one snapshot (for reports and tests).
     pub fn read<T>(&self, mut f: impl FnMut(&dyn ReadTx) -> StoreResult<T>) -> StoreResult<T> {
         let mut out = None;
@@ -89,9 +94,21 @@ impl Store {
     }
 
     /// One transaction; `f` may run again if the backend retries it.
-    fn write<T>(&self, mut f: impl FnMut(&mut dyn WriteTx) -> StoreResult<T>) -> StoreResult<T> {
+    fn write<T>(&self, f: impl FnMut(&mut dyn WriteTx) -> StoreResult<T>) -> StoreResult<T> {
+        self.write_with(|backend, tx| backend.write(tx), f)
+    }
+
+    /// Runs `f` in the transaction `how` opens on the backend, answering what `f` answered.
+    fn write_with<T>(
+        &self,
+        how: impl FnOnce(
+            &dyn Backend,
+            &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>,
+        ) -> StoreResult<()>,
+        mut f: impl FnMut(&mut dyn WriteTx) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         let mut out = None;
-        self.backend.write(&mut |tx| {
+        how(self.backend.as_ref(), &mut |tx| {
             out = Some(f(tx)?);
             Ok(())
         })?;
@@ -659,7 +676,14 @@ impl Store {
         let keep = self.keep_final_runs;
         let runs: Vec<RunId> = changes.iter().flat_map(Change::runs).cloned().collect();
         let nodes: Vec<NodeId> = changes.iter().filter_map(Change::node).cloned().collect();
-        let together = self.write(|tx| {
+        let write = |backend: &dyn Backend,
+                     f: &mut dyn FnMut(&mut dyn WriteTx) -> StoreResult<()>| {
+            match changes.len() {
+                1 => backend.write(f),
+                _ => backend.write_batch(f),
+            }
+        };
+        let together = self.write_with(write, |tx| {
             tx.read_runs_ahead(&runs)?;
             tx.read_nodes_ahead(&nodes)?;
             changes
@@ -685,7 +709,18 @@ impl Store {
         match together {
             Ok(applied) => applied,
             Err(e) if e.is_outage() => changes.iter().map(|_| Err(outage_of(&e))).collect(),
-            Err(_) if changes.len() > 1 => changes.iter().map(|c| self.apply_one(c)).collect(),
+            // A change the rules refuse, or conflicts that outlasted a batch's patience: each half
+            // alone, down to the change that fails by itself.
+            Err(e) if changes.len() > 1 => {
+                tracing::info!(
+                    changes = changes.len(),
+                    "a batch failed whole, applied in halves: {e}"
+                );
+                let (first, second) = changes.split_at(changes.len() / 2);
+                let mut applied = self.apply(first);
+                applied.extend(self.apply(second));
+                applied
+            }
             Err(e) => vec![Err(e)],
         }
     }
