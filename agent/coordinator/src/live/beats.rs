@@ -37,7 +37,7 @@ pub(crate) fn beat_now(node_id: &NodeId, lease_ms: u64) -> Beat {
     let now = now_ms();
     Beat {
         node_id: node_id.clone(),
-        at_ms: now,
+        at_ms: Some(now),
         lease_until_ms: now + lease_ms,
     }
 }
@@ -61,7 +61,7 @@ mod tests {
         kept.sort_by(|a, b| a.node_id.cmp(&b.node_id));
         assert_eq!(kept.len(), 2);
         assert!(
-            kept[0].lease_until_ms >= kept[0].at_ms + 60_000,
+            kept[0].lease_until_ms >= kept[0].at_ms.unwrap() + 60_000,
             "the newer beat of n-1 stays: {:?}",
             kept[0]
         );

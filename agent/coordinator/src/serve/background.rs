@@ -35,10 +35,6 @@ impl Drop for Background {
 pub(super) fn start(coordinator: &Arc<Coordinator>, config: &Arc<ServeConfig>) -> Background {
     let tasks = vec![
         tokio::spawn(sweep_forever(coordinator.clone(), config.clone())),
-        tokio::spawn(write_beats_forever(
-            coordinator.clone(),
-            BEAT_WRITES.min(config.heartbeat),
-        )),
         tokio::spawn(wake_waiting_forever(coordinator.clone(), config.heartbeat)),
         tokio::spawn(follow_node_changes_forever(coordinator.clone())),
         tokio::spawn(keep_copies_forever(coordinator.clone(), config.lease)),
@@ -46,38 +42,80 @@ pub(super) fn start(coordinator: &Arc<Coordinator>, config: &Arc<ServeConfig>) -
     ];
     let listening = Arc::new(AtomicBool::new(true));
     listen_for_waiting(coordinator.clone(), listening.clone());
+    let period = BEAT_WRITES.min(config.heartbeat);
+    write_beats_forever(coordinator.clone(), period, config.lease, listening.clone());
     Background { tasks, listening }
 }
 
-/// Writes the heartbeats gathered since the last write, in one change (one commit).
-async fn write_beats_forever(coordinator: Arc<Coordinator>, period: Duration) {
-    let mut tick = tokio::time::interval(period);
-    loop {
-        tick.tick().await;
-        let beats: Vec<Beat> = coordinator.beats().take();
-        if beats.is_empty() {
-            continue;
-        }
-        // Apart from the group commit's queue and the store calls' turns: a backlog of runs'
-        // changes or of sessions' reads never delays a lease.
-        let kept = beats.clone();
-        let recorder = coordinator.recorder().clone();
-        let written = coordinator
-            .with_store_unqueued(move |store| {
-                let started = std::time::Instant::now();
-                let written = store.write_leases(&beats);
-                recorder.leases_written(store.kind(), started.elapsed());
-                written
-            })
-            .await;
-        match written {
-            // Nodes whose record a commit held at that moment: written with the next ones.
-            Ok(left) => coordinator.beats().restore(left),
-            Err(e) => {
-                tracing::warn!("writing heartbeats failed (tried again with the next ones): {e}");
-                coordinator.beats().restore(kept);
+/// Writes the heartbeats gathered since the last write, in one change (one commit), every
+/// `period`, on a thread of its own: the async thread may lag seconds behind 10 000 returning
+/// sessions' handshakes, and a lease must not wait for it. A round that comes late, or heartbeats
+/// left unwritten for long, is logged: leases then run out unseen.
+fn write_beats_forever(
+    coordinator: Arc<Coordinator>,
+    period: Duration,
+    lease: Duration,
+    serving: Arc<AtomicBool>,
+) {
+    let late_after = lease / 6;
+    let write = move || {
+        let mut last_round = std::time::Instant::now();
+        while serving.load(Ordering::SeqCst) {
+            std::thread::sleep(period.saturating_sub(last_round.elapsed()));
+            let beats: Vec<Beat> = coordinator.beats().take();
+            let gap = last_round.elapsed();
+            last_round = std::time::Instant::now();
+            if beats.is_empty() {
+                continue;
+            }
+            let count = beats.len();
+            let written = coordinator.store().write_leases(&beats);
+            let took = last_round.elapsed();
+            coordinator
+                .recorder()
+                .leases_written(coordinator.store().kind(), took);
+            if gap + took > late_after {
+                tracing::warn!(
+                    beats = count,
+                    gap_ms = gap.as_millis() as u64,
+                    write_ms = took.as_millis() as u64,
+                    lease_ms = lease.as_millis() as u64,
+                    "heartbeats were written late: the store is slow or short of CPU, and leases may run out while nodes are in session"
+                );
+            }
+            match written {
+                // Nodes whose lease a commit held at that moment: written with the next ones.
+                Ok(left) => {
+                    let now = now_ms();
+                    let stale = (left.iter())
+                        .filter(|b| {
+                            now.saturating_sub(b.at_ms.unwrap_or(now))
+                                > late_after.as_millis() as u64
+                        })
+                        .count();
+                    if stale > 0 {
+                        tracing::warn!(
+                            beats = stale,
+                            "heartbeats heard over {} s ago are still unwritten: their leases stay held by other transactions",
+                            late_after.as_secs()
+                        );
+                    }
+                    coordinator.beats().restore(left)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "writing heartbeats failed (tried again with the next ones): {e}"
+                    );
+                    coordinator.beats().restore(beats);
+                }
             }
         }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("lease-writes".into())
+        .spawn(write);
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the thread that writes heartbeats: {e}; leases will run out");
     }
 }
 

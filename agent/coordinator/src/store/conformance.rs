@@ -1154,7 +1154,7 @@ pub fn changes_applied_together_each_answered(blank: Blank) {
     );
     let beat = |node: &str, at_ms| Beat {
         node_id: node.into(),
-        at_ms,
+        at_ms: Some(at_ms),
         lease_until_ms: at_ms + 1_000,
     };
     let changes = [
@@ -1265,7 +1265,7 @@ pub fn one_nodes_changes_in_one_batch_read_each_others_writes(blank: Blank) {
         Change::Facts {
             beat: Beat {
                 node_id: NODE_A.into(),
-                at_ms: 6_000,
+                at_ms: Some(6_000),
                 lease_until_ms: 9_000,
             },
             facts: Box::new(facts),
@@ -1347,7 +1347,7 @@ pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
     let left = store
         .write_leases(&[Beat {
             node_id: nid(NODE_A),
-            at_ms: 20,
+            at_ms: Some(20),
             lease_until_ms: 20_000,
         }])
         .unwrap();

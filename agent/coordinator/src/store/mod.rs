@@ -49,11 +49,12 @@ pub const KEEP_FINAL_RUNS: u64 = 1000;
 /// transaction on the record writes).
 pub const SCHEMA_VERSION: u64 = 4;
 
-/// A heartbeat as written: when it came, and until when it holds the node's lease.
+/// A lease as written: when the node was heard (None for a lease given without hearing it),
+/// and until when it holds the node's lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Beat {
     pub node_id: NodeId,
-    pub at_ms: u64,
+    pub at_ms: Option<u64>,
     pub lease_until_ms: u64,
 }
 

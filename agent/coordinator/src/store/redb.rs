@@ -522,10 +522,13 @@ impl WriteTx for RedbWrite {
         let nodes = self.tx.open_table(NODES).map_err(fail)?;
         let mut leases = self.tx.open_table(LEASES).map_err(fail)?;
         for beat in beats {
-            if nodes.get(beat.node_id.as_str()).map_err(fail)?.is_some() {
-                let lease = (Some(beat.at_ms), beat.lease_until_ms);
-                leases.insert(beat.node_id.as_str(), lease).map_err(fail)?;
+            if nodes.get(beat.node_id.as_str()).map_err(fail)?.is_none() {
+                continue;
             }
+            let was = leases.get(beat.node_id.as_str()).map_err(fail)?;
+            let (heard, until) = was.map_or((None, 0), |was| was.value());
+            let lease = (beat.at_ms.max(heard), beat.lease_until_ms.max(until));
+            leases.insert(beat.node_id.as_str(), lease).map_err(fail)?;
         }
         // One writer at a time: no row is ever busy.
         Ok(Vec::new())

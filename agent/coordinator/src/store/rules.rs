@@ -642,7 +642,7 @@ impl Store {
     ) -> StoreResult<()> {
         let beat = Beat {
             node_id: id.clone(),
-            at_ms: now_ms,
+            at_ms: Some(now_ms),
             lease_until_ms,
         };
         let change = match facts {
@@ -657,22 +657,32 @@ impl Store {
     }
 
     /// Applies many changes in one transaction (one commit for all of them), and answers each.
-    /// When one of them fails, the transaction is given up and each is applied in a transaction
-    /// of its own, so one change's failure is its own; when the database cannot be reached, each
-    /// is answered with that outage.
+    /// The leases they give are written first, apart ([`Change::leases`]). When one change
+    /// fails, the transaction is given up and each half is applied alone, down to the change
+    /// that fails by itself; when the database cannot be reached, each is answered with that
+    /// outage.
     pub fn apply(&self, changes: &[Change]) -> Vec<StoreResult<Applied>> {
-        // Heartbeats are blind writes of the lease: written apart, never conflicting with the rules.
-        let beats: Vec<Beat> = (changes.iter())
-            .filter_map(|c| match c {
-                Change::Beats(beats) => Some(beats.iter().cloned()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        // Leases are blind, monotonic writes: written apart, never conflicting with the rules, and
+        // never held locked by a batch that the heartbeats' writer would wait for or pass by.
+        let beats: Vec<Beat> = changes.iter().flat_map(Change::leases).collect();
         let beats_written = match beats.is_empty() {
             true => Ok(()),
             false => self.write_every_lease(beats),
         };
+        let applied = self.apply_rules(changes);
+        match beats_written {
+            Ok(()) => applied,
+            Err(e) => (applied.into_iter().zip(changes))
+                .map(|(applied, change)| match change {
+                    Change::Beats(_) => Err(outage_of(&e)),
+                    _ => applied,
+                })
+                .collect(),
+        }
+    }
+
+    /// The rules' part of [`Store::apply`]: everything but the leases, in one transaction.
+    fn apply_rules(&self, changes: &[Change]) -> Vec<StoreResult<Applied>> {
         let keep = self.keep_final_runs;
         let runs: Vec<RunId> = changes.iter().flat_map(Change::runs).cloned().collect();
         let nodes: Vec<NodeId> = changes.iter().filter_map(Change::node).cloned().collect();
@@ -688,26 +698,11 @@ impl Store {
             tx.read_nodes_ahead(&nodes)?;
             changes
                 .iter()
-                .map(|change| match change {
-                    Change::Beats(_) => Ok(Applied::Done),
-                    change => apply_change(tx, keep, change),
-                })
+                .map(|change| apply_change(tx, keep, change))
                 .collect::<StoreResult<Vec<Applied>>>()
         });
-        let together = match (together, &beats_written) {
-            (Ok(applied), Err(e)) => Ok(applied
-                .into_iter()
-                .zip(changes)
-                .map(|(applied, change)| match change {
-                    Change::Beats(_) => Err(outage_of(e)),
-                    _ => Ok(applied),
-                })
-                .collect::<Vec<_>>()),
-            (Ok(applied), Ok(())) => Ok(applied.into_iter().map(Ok).collect()),
-            (Err(e), _) => Err(e),
-        };
         match together {
-            Ok(applied) => applied,
+            Ok(applied) => applied.into_iter().map(Ok).collect(),
             Err(e) if e.is_outage() => changes.iter().map(|_| Err(outage_of(&e))).collect(),
             // A change the rules refuse, or conflicts that outlasted a batch's patience: each half
             // alone, down to the change that fails by itself.
@@ -717,8 +712,8 @@ impl Store {
                     "a batch failed whole, applied in halves: {e}"
                 );
                 let (first, second) = changes.split_at(changes.len() / 2);
-                let mut applied = self.apply(first);
-                applied.extend(self.apply(second));
+                let mut applied = self.apply_rules(first);
+                applied.extend(self.apply_rules(second));
                 applied
             }
             Err(e) => vec![Err(e)],
@@ -751,11 +746,8 @@ impl Store {
     }
 
     fn apply_one(&self, change: &Change) -> StoreResult<Applied> {
-        if let Change::Beats(beats) = change {
-            return (self.write_every_lease(beats.clone())).map(|()| Applied::Done);
-        }
-        let keep = self.keep_final_runs;
-        self.write(|tx| apply_change(tx, keep, change))
+        let mut applied = self.apply(std::slice::from_ref(change));
+        applied.pop().unwrap_or(Ok(Applied::Done))
     }
 
     /// Of `digests`, those no stored run refers to: blobs that may be removed.
@@ -1017,6 +1009,24 @@ impl Change {
         (answers.iter().map(|(id, _)| id)).chain(events.iter().map(NodeEvent::run_id))
     }
 
+    /// The leases the change gives, written apart from its transaction ([`Store::apply`]).
+    fn leases(&self) -> Vec<Beat> {
+        match self {
+            Change::Beats(beats) => beats.clone(),
+            Change::Facts { beat, .. } => vec![beat.clone()],
+            Change::OpenSession {
+                node_id,
+                lease_until_ms,
+                ..
+            } => vec![Beat {
+                node_id: node_id.clone(),
+                at_ms: None,
+                lease_until_ms: *lease_until_ms,
+            }],
+            Change::Accept(_) | Change::Events { .. } => Vec::new(),
+        }
+    }
+
     /// The node whose record the change reads, so a batch can read them all at once.
     fn node(&self) -> Option<&NodeId> {
         match self {
@@ -1067,31 +1077,23 @@ fn apply_change(tx: &mut dyn WriteTx, keep: u64, change: &Change) -> StoreResult
     match change {
         Change::OpenSession {
             node_id,
-            lease_until_ms,
             at,
             protocol,
+            ..
         } => {
             let mut node = known_node(tx, node_id)?;
             node.generation += 1;
             node.session_at = at.clone();
             node.protocol = Some(NodeProtocol::Speaks { version: *protocol });
             tx.put_node(&node)?;
-            tx.put_lease(node_id, None, *lease_until_ms)?;
             Ok(Applied::Generation(node.generation))
         }
-        Change::Beats(beats) => match tx.touch_nodes(beats)?.len() {
-            0 => Ok(Applied::Done),
-            // Inside a transaction, nothing can wait for them: the whole change is tried again.
-            busy => Err(StoreError::Db(format!(
-                "the records of {busy} node(s) were held by other transactions"
-            ))),
-        },
+        // Written apart, before the transaction (`Store::apply`).
+        Change::Beats(_) => Ok(Applied::Done),
         Change::Facts { beat, facts } => {
             let mut node = known_node(tx, &beat.node_id)?;
             node.facts = Some(facts.as_ref().clone());
-            tx.put_node(&node)?;
-            (tx.put_lease(&beat.node_id, Some(beat.at_ms), beat.lease_until_ms))
-                .map(|()| Applied::Done)
+            tx.put_node(&node).map(|()| Applied::Done)
         }
         Change::Accept(answers) => {
             for (id, error) in answers {
