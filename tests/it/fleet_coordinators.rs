@@ -817,8 +817,9 @@ fn a_rolling_restart_twice_over_loses_and_doubles_nothing() {
 }
 
 /// A node whose coordinator died (SIGKILL, started again) moves to another at once, then goes
-/// back to the one it joined through once that answers again (it dials home every 15 to 45 s):
-/// restart after restart, the sessions do not pile up on the coordinators restarted last.
+/// back to the one it joined through once that answers again (it dials home every 15 to 45 s),
+/// leaving the other only once home has welcomed it: restart after restart, the sessions do not
+/// pile up on the coordinators restarted last, and going home costs no moment without a session.
 #[test]
 fn a_node_goes_back_to_its_coordinator_once_it_is_up_again() {
     let mut fleet = Fleet::new(2);
@@ -842,6 +843,27 @@ fn a_node_goes_back_to_its_coordinator_once_it_is_up_again() {
             .iter()
             .any(|l| l.contains(&format!("coordinator={b}"))),
         "{log}"
+    );
+    // Home welcomed it before it left the session elsewhere: no moment without a session.
+    let left = "session closed by the agent";
+    assert!(
+        wait_until(WAIT, || fleet.coords[1].log_text().contains(left)),
+        "{}",
+        fleet.coords[1].log_text()
+    );
+    let when = |log: String, needle: &str| {
+        let line = log
+            .lines()
+            .rev()
+            .find(|l| l.contains(needle))
+            .map(str::to_string);
+        line.and_then(|l| l.split_whitespace().next().map(str::to_string))
+    };
+    let home_opened = when(fleet.coords[0].log_text(), "session open").expect("home opened");
+    let away_closed = when(fleet.coords[1].log_text(), left).expect("away closed");
+    assert!(
+        home_opened <= away_closed,
+        "home opened the session at {home_opened}, after the node left the other at {away_closed}"
     );
 }
 

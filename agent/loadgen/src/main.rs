@@ -229,11 +229,11 @@ async fn node(
         );
         match ended.await {
             // As the agent does: back to the coordinator it joined through, over the connection
-            // made while the session elsewhere went on.
-            Ok(Left::Home(dialed)) => {
+            // it welcomed the node on while the session elsewhere went on.
+            Ok(Left::Home(greeted)) => {
                 backoff.reset();
                 coordinators.go_home();
-                home = Some(*dialed);
+                home = Some(*greeted);
                 continue;
             }
             Ok(Left::Ended) => backoff.reset(),
@@ -253,31 +253,19 @@ enum Left {
     Ended,
     /// It was open, and the coordinator said it stops (a shutdown or a restart).
     Stopping,
-    /// It was open away from home, and home took this connection.
-    Home(Box<Dialed>),
+    /// It was open away from home, and home welcomed the node on this connection.
+    Home(Box<Greeted>),
 }
 
-/// One session at the current coordinator.
-async fn session(
-    identity: &Identity,
-    join: &JoinFile,
-    coordinators: &Coordinators,
-    node_id: &NodeId,
-    node: &mut Sim,
-    counters: &Counters,
-    ready: Option<Dialed>,
-) -> Result<Left> {
-    let pinned = join.pinned_key();
-    let dial = |address: String| {
-        let pinned = pinned.clone();
-        async move {
-            fleet_agent::dial::dial(&address, identity, &pinned, Duration::from_secs(3600)).await
-        }
-    };
-    let dialed = match ready {
-        Some(dialed) => dialed,
-        None => dial(coordinators.current()).await?,
-    };
+/// A connection whose coordinator welcomed the node: what its session needs of the welcome.
+struct Greeted {
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    heartbeat_ms: u64,
+    lease_ms: u64,
+}
+
+/// Says hello on a new connection and reads the welcome.
+async fn greet(dialed: Dialed, node_id: &NodeId) -> Result<Greeted> {
     let mut stream = dialed.stream;
     let hello = Up::Hello {
         node_id: node_id.clone(),
@@ -291,11 +279,43 @@ async fn session(
     else {
         anyhow::bail!("no welcome");
     };
-    coordinators.welcomed(Duration::from_millis(lease_ms));
+    Ok(Greeted {
+        stream,
+        heartbeat_ms,
+        lease_ms,
+    })
+}
+
+/// One session at the current coordinator, over `ready` when it welcomed the node already.
+async fn session(
+    identity: &Identity,
+    join: &JoinFile,
+    coordinators: &Coordinators,
+    node_id: &NodeId,
+    node: &mut Sim,
+    counters: &Counters,
+    ready: Option<Greeted>,
+) -> Result<Left> {
+    let pinned = join.pinned_key();
+    let dial = |address: String| {
+        let pinned = pinned.clone();
+        async move {
+            fleet_agent::dial::dial(&address, identity, &pinned, Duration::from_secs(3600)).await
+        }
+    };
+    let greeted = match ready {
+        Some(greeted) => greeted,
+        None => greet(dial(coordinators.current()).await?, node_id).await?,
+    };
+    coordinators.welcomed(Duration::from_millis(greeted.lease_ms));
     counters.sessions.fetch_add(1, Ordering::Relaxed);
     counters.live.fetch_add(1, Ordering::Relaxed);
-    let home = coordinators.dial_home(dial);
-    let ended = open_session(stream, heartbeat_ms, home, node, counters).await;
+    // As the agent does: home is left for only once it has welcomed the node.
+    let home = coordinators.dial_home(|home| {
+        let dialed = dial(home);
+        async move { greet(dialed.await?, node_id).await }
+    });
+    let ended = open_session(greeted.stream, greeted.heartbeat_ms, home, node, counters).await;
     counters.live.fetch_sub(1, Ordering::Relaxed);
     ended
 }
@@ -303,7 +323,7 @@ async fn session(
 async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut stream: S,
     heartbeat_ms: u64,
-    home: impl std::future::Future<Output = Dialed>,
+    home: impl std::future::Future<Output = Greeted>,
     node: &mut Sim,
     counters: &Counters,
 ) -> Result<Left> {
@@ -336,7 +356,7 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
     tokio::pin!(home);
     let ended = loop {
         tokio::select! {
-            dialed = &mut home => break Ok(Left::Home(Box::new(dialed))),
+            greeted = &mut home => break Ok(Left::Home(Box::new(greeted))),
             _ = heartbeat.tick() => {
                 if let Err(e) = protocol::write_msg(&mut writer, &Up::Heartbeat).await {
                     break Err(e.into());
@@ -364,7 +384,7 @@ async fn open_session<S: tokio::io::AsyncRead + AsyncWrite + Unpin + Send + 'sta
     };
     reading.abort();
     match (said_stopping.load(Ordering::SeqCst), ended) {
-        (true, Ok(Left::Home(dialed))) => Ok(Left::Home(dialed)),
+        (true, Ok(Left::Home(greeted))) => Ok(Left::Home(greeted)),
         (true, _) => Ok(Left::Stopping),
         (false, ended) => ended,
     }

@@ -6,8 +6,9 @@ pub use fleet_proto::dial::{DialError, Dialed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How long a dial home may take before the node stays where it is, to look again later.
-const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long going home may take (the connection and home's welcome) before the node stays where
+/// it is, to look again later: its session elsewhere goes on meanwhile, so waiting costs nothing.
+const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a node whose coordinator said it stops (a shutdown, most often a restart) keeps
 /// dialing that one before it moves on: a restart's nodes come back to it instead of crowding
 /// the others and coming home later.
@@ -196,11 +197,12 @@ impl Coordinators {
         known.current = 0;
     }
 
-    /// Resolves with a connection to home once a session away from home should go back: home
-    /// took a dial. Tried every 15 to 45 s, at random, so the nodes a restarted coordinator held
-    /// return to it spread over time instead of piling up on the others restart after restart;
-    /// the session it leaves ends only once the connection to home is made (a home still too
-    /// busy to finish a handshake costs the node nothing).
+    /// Resolves with what `dial` made of home (a connection home has welcomed the node on) once a
+    /// session away from home should go back. Tried every 15 to 45 s, at random, so the nodes a
+    /// restarted coordinator held return to it spread over time instead of piling up on the others
+    /// restart after restart; the session it leaves ends only once home has welcomed the node (a
+    /// home still too busy to shake hands or to open the session costs the node nothing, and the
+    /// node is never without a session on the way).
     pub async fn dial_home<T, E, Fut>(&self, dial: impl Fn(String) -> Fut) -> T
     where
         Fut: std::future::Future<Output = Result<T, E>>,

@@ -82,12 +82,24 @@ pub struct SessionSettings {
     pub retry_base: Duration,
 }
 
-/// A connection made to the coordinator the node joined through, for its next session.
-struct HomeDialed(Box<Dialed>);
+/// A connection whose coordinator has welcomed the node: its next session.
+struct Greeted {
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    /// When the connection was made: its certificate's validity counts from then.
+    dialed_at: tokio::time::Instant,
+    generation: u64,
+    heartbeat_ms: u64,
+    lease_ms: u64,
+    coordinators: Vec<String>,
+    protocol: fleet_proto::version::ProtocolVersion,
+}
 
-impl std::fmt::Debug for HomeDialed {
+/// The coordinator the node joined through, having welcomed it while its session elsewhere went on.
+struct HomeGreeted(Box<Greeted>);
+
+impl std::fmt::Debug for HomeGreeted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HomeDialed")
+        f.write_str("HomeGreeted")
     }
 }
 
@@ -97,7 +109,7 @@ enum Ended {
     #[error("the credential is due for renewal")]
     Renew,
     #[error("the coordinator it joined through answers again")]
-    Home(HomeDialed),
+    Home(HomeGreeted),
     #[error(transparent)]
     Dial(DialError),
     #[error(
@@ -149,9 +161,9 @@ pub async fn run(
         };
         match session.run(&mut backoff, home.take()).await {
             Ended::Renew => tracing::info!("session credential renewed"),
-            Ended::Home(HomeDialed(dialed)) => {
+            Ended::Home(HomeGreeted(greeted)) => {
                 coordinators.go_home();
-                home = Some(*dialed);
+                home = Some(*greeted);
                 tracing::info!(home = %coordinators.current(), "going back to the coordinator it joined through");
             }
             Ended::Dial(e) if e.is_fatal() => return Err(e),
@@ -188,57 +200,27 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    /// One session at the current coordinator, over `ready` when a connection was made already.
-    async fn run(&self, backoff: &mut Backoff, ready: Option<Dialed>) -> Ended {
-        let started = tokio::time::Instant::now();
-        let mut dialed = match ready {
-            Some(dialed) => dialed,
+    /// One session at the current coordinator, over `ready` when it welcomed the node already.
+    async fn run(&self, backoff: &mut Backoff, ready: Option<Greeted>) -> Ended {
+        let greeted = match ready {
+            Some(greeted) => greeted,
             None => match self.dial(self.coordinators.current()).await {
-                Ok(d) => d,
+                Ok(dialed) => match self.greet(dialed).await {
+                    Ok(greeted) => greeted,
+                    Err(ended) => return ended,
+                },
                 Err(e) => return Ended::Dial(e),
             },
         };
-        let stream = &mut dialed.stream;
-        let hello = Up::Hello {
-            node_id: self.membership.node_id.clone(),
-        };
-        if let Err(e) = protocol::write_msg(stream, &Opening::new(hello)).await {
-            return e.into();
-        }
-        let welcome = match tokio::time::timeout(
-            WELCOME_TIMEOUT,
-            protocol::read_msg::<_, Down>(stream),
-        )
-        .await
-        {
-            Err(_) => return Ended::NoWelcome,
-            Ok(Err(_) | Ok(None)) => return Ended::Refused,
-            Ok(Ok(Some(msg))) => msg,
-        };
-        match welcome {
-            Down::Ended { end } => return Ended::ByOperator(end),
-            Down::Unavailable { message } => return Ended::Unavailable(message),
-            Down::Incompatible { versions } => return Ended::Incompatible(versions),
-            _ => {}
-        }
-        let Down::Welcome {
+        let Greeted {
+            stream,
+            dialed_at: started,
             generation,
             heartbeat_ms,
             lease_ms,
             coordinators,
-            speaks,
-            ..
-        } = welcome
-        else {
-            return Ended::Refused;
-        };
-        // A coordinator that welcomes a version it does not share is wrong; say so, never guess.
-        let Some(protocol) = Versions::SPOKEN.common(speaks) else {
-            return Ended::Incompatible(Incompatible {
-                agent: Versions::SPOKEN,
-                coordinator: speaks,
-            });
-        };
+            protocol,
+        } = greeted;
         self.coordinators.welcomed(Duration::from_millis(lease_ms));
         if self.coordinators.learn(&coordinators) {
             (self.remember)(self.coordinators.all());
@@ -259,7 +241,7 @@ impl Session<'_> {
             .in_session
             .store(true, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(generation, node_id = %self.membership.node_id, coordinator = %self.coordinators.current(), %protocol, "session open");
-        let (reader, mut writer) = tokio::io::split(dialed.stream);
+        let (reader, mut writer) = tokio::io::split(stream);
         // A reader task of its own: a read cancelled halfway through a frame would lose it.
         let (tx, mut inbox) = tokio::sync::mpsc::channel::<Inbound>(64);
         // Noted as it is read: a heartbeat written meanwhile to the closing stream must not pass
@@ -294,6 +276,59 @@ impl Session<'_> {
         ended
     }
 
+    /// Says hello on a new connection and reads the coordinator's welcome.
+    async fn greet(&self, mut dialed: Dialed) -> Result<Greeted, Ended> {
+        let dialed_at = tokio::time::Instant::now();
+        let stream = &mut dialed.stream;
+        let hello = Up::Hello {
+            node_id: self.membership.node_id.clone(),
+        };
+        protocol::write_msg(stream, &Opening::new(hello)).await?;
+        let welcome = match tokio::time::timeout(
+            WELCOME_TIMEOUT,
+            protocol::read_msg::<_, Down>(stream),
+        )
+        .await
+        {
+            Err(_) => return Err(Ended::NoWelcome),
+            Ok(Err(_) | Ok(None)) => return Err(Ended::Refused),
+            Ok(Ok(Some(msg))) => msg,
+        };
+        match welcome {
+            Down::Ended { end } => return Err(Ended::ByOperator(end)),
+            Down::Unavailable { message } => return Err(Ended::Unavailable(message)),
+            Down::Incompatible { versions } => return Err(Ended::Incompatible(versions)),
+            _ => {}
+        }
+        let Down::Welcome {
+            generation,
+            heartbeat_ms,
+            lease_ms,
+            coordinators,
+            speaks,
+            ..
+        } = welcome
+        else {
+            return Err(Ended::Refused);
+        };
+        // A coordinator that welcomes a version it does not share is wrong; say so, never guess.
+        let Some(protocol) = Versions::SPOKEN.common(speaks) else {
+            return Err(Ended::Incompatible(Incompatible {
+                agent: Versions::SPOKEN,
+                coordinator: speaks,
+            }));
+        };
+        Ok(Greeted {
+            stream: dialed.stream,
+            dialed_at,
+            generation,
+            heartbeat_ms,
+            lease_ms,
+            coordinators,
+            protocol,
+        })
+    }
+
     async fn dial(&self, address: String) -> Result<Dialed, DialError> {
         dial::dial(&address, self.identity, self.pinned, self.settings.validity).await
     }
@@ -326,7 +361,11 @@ impl Session<'_> {
         // about a run waits for that run's start, so it never overtakes the start it follows.
         let mut working = Working::default();
         let changes = self.node.runtime.changes();
-        let home = self.coordinators.dial_home(|home| self.dial(home));
+        // Home is left for only once it has welcomed the node: no moment without a session.
+        let home = self.coordinators.dial_home(|home| async move {
+            let dialed = self.dial(home).await.map_err(drop)?;
+            self.greet(dialed).await.map_err(drop)
+        });
         tokio::pin!(home);
         loop {
             tokio::select! {
@@ -356,7 +395,7 @@ impl Session<'_> {
                         return e.into();
                     }
                 }
-                dialed = &mut home => return Ended::Home(HomeDialed(Box::new(dialed))),
+                greeted = &mut home => return Ended::Home(HomeGreeted(Box::new(greeted))),
                 msg = inbox.recv() => match msg {
                     None | Some(Ok(None)) => return Ended::Closed,
                     Some(Err(e)) => return e.into(),
