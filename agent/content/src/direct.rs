@@ -2,28 +2,136 @@
 //! written through the cache on a machine whose memory is full of cache cost up to 3.4 s of the
 //! kernel's time finding pages (0.4 s when memory was free), and two such writes at once (an
 //! import and its copy on another coordinator) did not overlap; written direct, each goes at the
-//! disk's speed, whatever the cache holds. Whole blocks go direct; the tail after the last one
-//! goes through the cache, and [`DirectWriter::finish`] syncs it all.
+//! disk's speed, whatever the cache holds. Whole blocks go direct, each on a thread of its own
+//! while the caller fills the next (a direct write waits for the disk: the caller's hashing goes
+//! on meanwhile); the tail after the last block goes through the cache, and
+//! [`DirectWriter::finish`] syncs it all.
 use rustix::fs::OFlags;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
 
 /// What a direct write's buffer, offset and length must be a multiple of (the largest logical
 /// block size in use).
 const ALIGN: usize = 4096;
 /// Bytes gathered before each direct write.
 const BLOCK: usize = 1 << 20;
+/// Blocks in all: one filling while the others are written or wait to be.
+const BLOCKS: usize = 3;
+
+/// BLOCK bytes at an ALIGN boundary, inside an allocation ALIGN larger.
+struct Block {
+    space: Vec<u8>,
+    start: usize,
+}
+
+impl Block {
+    fn new() -> Block {
+        let space = vec![0u8; BLOCK + ALIGN];
+        let start = space.as_ptr().align_offset(ALIGN);
+        Block { space, start }
+    }
+
+    fn bytes(&self, len: usize) -> &[u8] {
+        &self.space[self.start..self.start + len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.space[self.start..self.start + BLOCK]
+    }
+}
+
+/// The file and how it is written: the writer's thread owns it once the first block is full.
+struct Disk {
+    file: File,
+    direct: bool,
+}
+
+impl Disk {
+    /// Writes `len` bytes of `block`: its whole ALIGN units direct, a tail through the cache.
+    fn write(&mut self, block: &Block, len: usize) -> io::Result<()> {
+        let whole = len / ALIGN * ALIGN;
+        match self.file.write_all(block.bytes(whole)) {
+            Ok(()) => {}
+            // A device that wants another alignment: the rest goes through the cache.
+            Err(e) if self.direct && e.raw_os_error() == Some(EINVAL) => {
+                self.go_through_cache()?;
+                self.file.write_all(block.bytes(whole))?;
+            }
+            Err(e) => return Err(e),
+        }
+        if len > whole {
+            self.go_through_cache()?;
+            self.file.write_all(&block.bytes(len)[whole..])?;
+        }
+        Ok(())
+    }
+
+    fn go_through_cache(&mut self) -> io::Result<()> {
+        if self.direct {
+            let flags = rustix::fs::fcntl_getfl(&self.file)?;
+            rustix::fs::fcntl_setfl(&self.file, flags - OFlags::DIRECT)?;
+            self.direct = false;
+        }
+        Ok(())
+    }
+}
+
+/// The thread that writes full blocks and hands them back empty.
+struct Writer {
+    full: SyncSender<Block>,
+    empty: Receiver<Block>,
+    thread: JoinHandle<io::Result<Disk>>,
+}
+
+impl Writer {
+    fn start(mut disk: Disk) -> io::Result<Writer> {
+        let (full, blocks) = sync_channel::<Block>(BLOCKS);
+        let (emptied, empty) = sync_channel::<Block>(BLOCKS);
+        let thread = std::thread::Builder::new()
+            .name("direct-write".into())
+            .spawn(move || {
+                for block in blocks {
+                    disk.write(&block, BLOCK)?;
+                    // The caller may have stopped taking them: it is dropping the writer.
+                    let _ = emptied.send(block);
+                }
+                Ok(disk)
+            })?;
+        Ok(Writer {
+            full,
+            empty,
+            thread,
+        })
+    }
+
+    /// Waits for every block sent to be written; returns the file, or why a write failed.
+    fn stop(self) -> io::Result<Disk> {
+        drop(self.full);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the direct writer's thread panicked")))
+    }
+}
 
 /// Writes a new file, direct where it can (see the module's doc).
 pub struct DirectWriter {
-    file: File,
-    /// BLOCK bytes at an ALIGN boundary, inside an allocation ALIGN larger.
-    space: Vec<u8>,
-    start: usize,
+    state: State,
+    filling: Block,
     len: usize,
-    direct: bool,
+    /// Blocks made so far (at most [`BLOCKS`]).
+    made: usize,
+}
+
+/// Where the file is: here until the first block is full (a small file needs no thread), then
+/// with its writer's thread.
+enum State {
+    Here(Disk),
+    Threaded(Writer),
+    Failed,
 }
 
 impl DirectWriter {
@@ -41,64 +149,67 @@ impl DirectWriter {
             Err(e) if e.raw_os_error() == Some(EINVAL) => (options.open(path)?, false),
             Err(e) => return Err(e),
         };
-        let space = vec![0u8; BLOCK + ALIGN];
-        let start = space.as_ptr().align_offset(ALIGN);
         Ok(DirectWriter {
-            file,
-            space,
-            start,
+            state: State::Here(Disk { file, direct }),
+            filling: Block::new(),
             len: 0,
-            direct,
+            made: 1,
         })
     }
 
     /// Writes what is gathered, syncs the file and closes it.
     pub fn finish(mut self) -> io::Result<()> {
-        let whole = self.len / ALIGN * ALIGN;
-        self.write_out(whole)?;
-        if self.len > 0 {
-            self.go_through_cache()?;
-            self.write_out(self.len)?;
-        }
-        self.file.sync_all()
+        let mut disk = match std::mem::replace(&mut self.state, State::Failed) {
+            State::Here(disk) => disk,
+            State::Threaded(writer) => writer.stop()?,
+            State::Failed => return Err(failed_before()),
+        };
+        disk.write(&self.filling, self.len)?;
+        disk.file.sync_all()
     }
 
-    /// Writes the first `n` gathered bytes and keeps the rest at the start.
-    fn write_out(&mut self, n: usize) -> io::Result<()> {
-        let block = self.start..self.start + n;
-        match self.file.write_all(&self.space[block.clone()]) {
-            Ok(()) => {}
-            // A device that wants another alignment: the rest goes through the cache.
-            Err(e) if self.direct && e.raw_os_error() == Some(EINVAL) => {
-                self.go_through_cache()?;
-                self.file.write_all(&self.space[block])?;
+    /// Hands the full block to the writer's thread and takes an empty one to fill.
+    fn send_full(&mut self) -> io::Result<()> {
+        let writer = match std::mem::replace(&mut self.state, State::Failed) {
+            State::Here(disk) => Writer::start(disk)?,
+            State::Threaded(writer) => writer,
+            State::Failed => return Err(failed_before()),
+        };
+        let next = match writer.empty.try_recv() {
+            Ok(block) => Some(block),
+            Err(_) if self.made < BLOCKS => {
+                self.made += 1;
+                Some(Block::new())
             }
-            Err(e) => return Err(e),
+            Err(_) => writer.empty.recv().ok(),
+        };
+        let full = next.map(|next| std::mem::replace(&mut self.filling, next));
+        match full.map(|full| writer.full.send(full)) {
+            Some(Ok(())) => {
+                self.state = State::Threaded(writer);
+                self.len = 0;
+                Ok(())
+            }
+            // The thread stopped: its answer says why.
+            _ => Err(writer
+                .stop()
+                .err()
+                .unwrap_or_else(|| io::Error::other("the direct writer stopped early"))),
         }
-        self.space
-            .copy_within(self.start + n..self.start + self.len, self.start);
-        self.len -= n;
-        Ok(())
     }
+}
 
-    fn go_through_cache(&mut self) -> io::Result<()> {
-        if self.direct {
-            let flags = rustix::fs::fcntl_getfl(&self.file)?;
-            rustix::fs::fcntl_setfl(&self.file, flags - OFlags::DIRECT)?;
-            self.direct = false;
-        }
-        Ok(())
-    }
+fn failed_before() -> io::Error {
+    io::Error::other("an earlier write to this file failed")
 }
 
 impl Write for DirectWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         let n = data.len().min(BLOCK - self.len);
-        let at = self.start + self.len;
-        self.space[at..at + n].copy_from_slice(&data[..n]);
+        self.filling.bytes_mut()[self.len..self.len + n].copy_from_slice(&data[..n]);
         self.len += n;
         if self.len == BLOCK {
-            self.write_out(BLOCK)?;
+            self.send_full()?;
         }
         Ok(n)
     }
@@ -128,6 +239,8 @@ mod tests {
             BLOCK,
             BLOCK + ALIGN + 7,
             3 * BLOCK,
+            // More blocks than the writer keeps: the full ones wait for the disk.
+            7 * BLOCK + 5,
         ] {
             let bytes: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
             let path = dir.path().join(format!("f-{size}"));

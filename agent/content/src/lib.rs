@@ -17,6 +17,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The buffer each transfer moves bytes through.
 pub const CHUNK: usize = 256 << 10;
+/// Pieces read ahead of a landing's disk write.
+const PIECES_AHEAD: usize = 4;
 
 static TEMPS: AtomicU64 = AtomicU64::new(0);
 
@@ -383,7 +385,10 @@ pub async fn receive_to_file<R: AsyncRead + Unpin>(
     path: &Path,
     size: u64,
 ) -> (Streamed, Option<Digest>) {
-    let (pieces, mut inbox) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let (pieces, mut inbox) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD);
+    // Pieces come back to be filled again: a fresh CHUNK each time cost a map, its pages'
+    // faults and an unmap per piece.
+    let (spent, mut spare) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD + 1);
     let path = path.to_path_buf();
     let writing = tokio::task::spawn_blocking(move || {
         let mut out = direct::DirectWriter::create(&path)?;
@@ -391,6 +396,7 @@ pub async fn receive_to_file<R: AsyncRead + Unpin>(
         while let Some(piece) = inbox.blocking_recv() {
             hasher.update(&piece);
             out.write_all(&piece)?;
+            let _ = spent.try_send(piece);
         }
         out.finish()?;
         Ok::<_, io::Error>(Digest::from_hasher(hasher))
@@ -398,7 +404,8 @@ pub async fn receive_to_file<R: AsyncRead + Unpin>(
     let mut got = 0u64;
     let mut cut = None;
     while got < size {
-        let mut piece = vec![0u8; CHUNK.min((size - got) as usize)];
+        let mut piece = spare.try_recv().unwrap_or_default();
+        piece.resize(CHUNK.min((size - got) as usize), 0);
         if let Err(e) = from.read_exact(&mut piece).await {
             cut = Some(e.to_string());
             break;

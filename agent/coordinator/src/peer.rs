@@ -162,7 +162,7 @@ pub(crate) async fn ask_to_hold(
 /// What an import hands each push: the bytes as they are read, then the digest they hash to.
 #[derive(Clone)]
 pub(crate) enum Piece {
-    Bytes(Arc<[u8]>),
+    Bytes(Arc<Vec<u8>>),
     Hashed(Digest),
 }
 

@@ -81,8 +81,9 @@ pub fn import_copying(
     }
     std::thread::scope(|scope| {
         let reading = scope.spawn(move || {
+            let mut recycled = Recycled::default();
             let imported = blobs.import_passing(&mut file, |bytes| {
-                let piece = Piece::Bytes(Arc::from(bytes));
+                let piece = Piece::Bytes(recycled.holding(bytes));
                 // A push that stopped has dropped its end: it is left out from then on.
                 senders.retain(|sender| sender.blocking_send(piece.clone()).is_ok());
             });
@@ -109,6 +110,33 @@ pub fn import_copying(
         }
         Ok(imported)
     })
+}
+
+/// The pieces sent lately, each filled again once every push has let go of it: a fresh piece
+/// each time cost a map, its pages' faults and an unmap.
+#[derive(Default)]
+struct Recycled {
+    sent: std::collections::VecDeque<Arc<Vec<u8>>>,
+}
+
+impl Recycled {
+    /// A piece holding a copy of `bytes`.
+    fn holding(&mut self, bytes: &[u8]) -> Arc<Vec<u8>> {
+        let oldest_free = self.sent.front().is_some_and(|p| Arc::strong_count(p) == 1);
+        let mut piece = match oldest_free {
+            true => self.sent.pop_front().expect("looked at above"),
+            false => Arc::default(),
+        };
+        let buf = Arc::get_mut(&mut piece).expect("no push holds it");
+        buf.clear();
+        buf.extend_from_slice(bytes);
+        // Pieces the pushes hold longer than that are left to them.
+        if self.sent.len() > PIECES_AHEAD + 2 {
+            self.sent.pop_front();
+        }
+        self.sent.push_back(piece.clone());
+        piece
+    }
 }
 
 /// The fleet's key from the data folder, to prove the push comes from the fleet; None where it
