@@ -8,8 +8,8 @@
 //! The checks panic on the first broken rule, naming it.
 use super::{
     Applied, Backend, Beat, BootstrapFailure, Change, EndOutcome, Ending, ForgetOutcome,
-    KEEP_FINAL_RUNS, NodeEvent, Redeemed, RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult,
-    TokenRecord,
+    KEEP_FINAL_RUNS, NodeBrief, NodeEvent, Redeemed, RunRow, SCHEMA_VERSION, Store, StoreError,
+    StoreResult, TokenRecord,
 };
 use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
@@ -1435,8 +1435,30 @@ pub fn a_capacity_is_kept_and_runs_go_out_in_order(blank: Blank) {
         .unwrap();
     let (_, out, _) = store.dispatch_view(&nid(NODE_A)).unwrap();
     assert_eq!(out, 3, "a final run holds no slot");
+    // The briefs `status` reads agree with the records: the agent's own limit, the operator's,
+    // the lower of both, and the lease.
+    store
+        .heartbeat(&nid(NODE_A), 2_600, 4_100, Some(facts("x86_64", 3)))
+        .unwrap();
+    let brief = |capacity| NodeBrief {
+        id: nid(NODE_A),
+        lease_until_ms: 4_100,
+        capacity,
+    };
+    assert_eq!(
+        store.node_briefs().unwrap(),
+        [brief(Some(2))],
+        "the operator's, lower"
+    );
+    store.set_capacity(&nid(NODE_A), Some(5)).unwrap();
+    assert_eq!(
+        store.node_briefs().unwrap(),
+        [brief(Some(3))],
+        "the agent's, lower"
+    );
     let lifted = store.set_capacity(&nid(NODE_A), None).unwrap().unwrap();
-    assert_eq!(lifted.capacity(), None);
+    assert_eq!(lifted.capacity(), Some(3), "the agent's own limit stays");
+    assert_eq!(store.node_briefs().unwrap(), [brief(Some(3))]);
 }
 
 /// Retiring a node that holds runs is refused (nothing changes) unless discarded; an ended node

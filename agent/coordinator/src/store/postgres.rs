@@ -7,8 +7,9 @@
 //! (SQLSTATE 40001, 40P01); reads run on one REPEATABLE READ snapshot. Connections are kept in a
 //! small pool. Every call blocks: async code reaches the store through `spawn_blocking`.
 use super::{
-    ActiveRun, Backend, Beat, DispatchView, FleetEntry, Layout, NodeRecord, ReadTx, RunRow,
-    SCHEMA_VERSION, StoreError, StoreResult, TokenRecord, WriteTx, run_exists, stored_run_id,
+    ActiveRun, Backend, Beat, DispatchView, FleetEntry, Layout, NodeBrief, NodeRecord, ReadTx,
+    RunRow, SCHEMA_VERSION, StoreError, StoreResult, TokenRecord, WriteTx, capacity_of, run_exists,
+    stored_run_id,
 };
 use fleet_proto::{NodeId, RunId};
 use postgres::config::Host;
@@ -1072,6 +1073,24 @@ impl ReadTx for PgTx<'_> {
         )?;
         Ok((rows.iter())
             .map(|row| (NodeId::new(row.get::<_, String>(0)), count(row.get(1))))
+            .collect())
+    }
+
+    fn node_briefs(&self) -> StoreResult<Vec<NodeBrief>> {
+        self.write_nodes()?;
+        let rows = self.query(
+            "SELECT n.id, COALESCE(l.lease_until_ms, 0),
+                    (n.record->'facts'->>'max_runs')::bigint, (n.record->>'capacity')::bigint
+             FROM nodes n LEFT JOIN leases l ON l.node_id = n.id",
+            &[],
+        )?;
+        let limit = |v: Option<i64>| v.map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+        Ok((rows.iter())
+            .map(|row| NodeBrief {
+                id: NodeId::new(row.get::<_, String>(0)),
+                lease_until_ms: count(row.get(1)),
+                capacity: capacity_of(limit(row.get(2)), limit(row.get(3))),
+            })
             .collect())
     }
 

@@ -2,8 +2,8 @@
 //! [`Backend`].
 use super::{
     ActiveRun, Backend, Beat, BootstrapFailure, DispatchView, Ending, EventRecord, FleetEntry,
-    Layout, NodeEvent, NodeProtocol, NodeRecord, ReadTx, Redeemed, ReleaseRecord, Retry, RunRow,
-    SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
+    Layout, NodeBrief, NodeEvent, NodeProtocol, NodeRecord, ReadTx, Redeemed, ReleaseRecord, Retry,
+    RunRow, SCHEMA_VERSION, Store, StoreError, StoreResult, TokenRecord, WriteTx,
 };
 use fleet_proto::clock::now_ms;
 use fleet_proto::facts::Facts;
@@ -811,6 +811,22 @@ impl Store {
             tx.put_new_runs(runs)?;
             tx.put_set(set_id, &ids)
         })
+    }
+
+    /// The run ids of a set in order, or None for an unknown set (or one pruned by the
+    /// retention).
+    pub fn set_ids(&self, set_id: &str) -> StoreResult<Option<Vec<RunId>>> {
+        self.read(|tx| tx.set(set_id))
+    }
+
+    /// The runs of `ids` that are stored, in that order.
+    pub fn runs_in_order(&self, ids: &[RunId]) -> StoreResult<Vec<RunRow>> {
+        self.read(|tx| runs_of(tx, ids))
+    }
+
+    /// Every node's lease end and capacity (see [`ReadTx::node_briefs`]).
+    pub fn node_briefs(&self) -> StoreResult<Vec<NodeBrief>> {
+        self.read(|tx| tx.node_briefs())
     }
 
     /// The runs of a set, or None for an unknown set (or one pruned by the retention).
