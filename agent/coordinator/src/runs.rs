@@ -391,12 +391,15 @@ impl Coordinator {
                 ));
             }
         };
+        // Every node's record with its facts is let go before the set is built and written.
+        let joined = !nodes.is_empty();
+        drop(nodes);
         if selected.is_empty() {
             return Err(CoordinatorError::Request(match &request.node {
                 Some(wanted) => {
                     format!("no node matches {wanted}: see `fleet-coordinator nodes`")
                 }
-                None if !nodes.is_empty() => {
+                None if joined => {
                     "every node is draining: take one back with `fleet-coordinator drain --node N --undrain`".into()
                 }
                 None => {
