@@ -792,6 +792,23 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
     assert_eq!(s1, ["r1"]);
     assert_eq!(active_ids(&store), ["r1", "r2"]);
     assert_eq!(store.read(|tx| tx.program_refs(&p)).unwrap(), 2);
+    // More than one PostgreSQL statement's worth (1 000 rows): a run named twice far apart is
+    // still refused with nothing recorded, and the set without it is recorded whole, in order.
+    let big: Vec<RunRow> = (0..2500u64)
+        .map(|i| run(&format!("b{i}"), "s4", NODE_A, b"p", 10 + i))
+        .collect();
+    let mut twice = big.clone();
+    twice[2100] = run("b7", "s4", NODE_A, b"p", 5000);
+    match store.create_set("s4", &twice) {
+        Err(StoreError::Refused(why)) => assert_eq!(why, "the run b7 exists already"),
+        other => panic!("a run named twice must be refused, not {other:?}"),
+    }
+    assert!(store.run(&rid("b0")).unwrap().is_none(), "nothing recorded");
+    create(&store, "s4", &big);
+    let s4 = store.set_runs("s4").unwrap().unwrap();
+    assert!(s4.iter().map(|r| &r.id).eq(big.iter().map(|r| &r.id)));
+    assert_eq!(active_ids(&store).len(), 2502);
+    assert_eq!(store.read(|tx| tx.program_refs(&p)).unwrap(), 2502);
 }
 
 /// Retention keeps the newest `keep` final runs: beyond it the oldest is pruned, its set once

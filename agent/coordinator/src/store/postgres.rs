@@ -114,6 +114,10 @@ const GROWN_TABLES: &str = "SELECT s.relname::text FROM pg_stat_user_tables s
      JOIN pg_class c ON c.oid = s.relid
      WHERE s.schemaname = current_schema() AND s.n_live_tup >= greatest(500, 2 * c.reltuples)";
 
+/// A set's rows go in statements of at most this many: tokio-postgres keeps each connection's
+/// buffers as large as the largest message it ever sent (30 MiB for a set of 30 000 runs in one).
+const RUNS_PER_STATEMENT: usize = 1000;
+
 /// At most this many connections per coordinator.
 const POOL_SIZE: usize = 16;
 
@@ -986,6 +990,42 @@ impl<'a> PgTx<'a> {
         Ok(statement)
     }
 
+    /// New runs' rows in one statement per table.
+    fn put_new_runs_at_once(&self, runs: &[RunRow]) -> StoreResult<()> {
+        let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+        let nodes: Vec<&str> = runs.iter().map(|r| r.node_id.as_str()).collect();
+        let records: Vec<Json<&RunRow>> = runs.iter().map(json).collect();
+        let inserted = self.query(
+            "INSERT INTO runs (id, node_id, record)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
+             ON CONFLICT (id) DO NOTHING RETURNING id",
+            &[&ids, &nodes, &records],
+        )?;
+        let mut known = self.runs.borrow_mut();
+        for run in runs {
+            known.insert(run.id.as_str().to_string(), Some(run.clone()));
+        }
+        drop(known);
+        if inserted.len() != runs.len() {
+            let mut fresh: std::collections::HashSet<&str> =
+                inserted.iter().map(|row| row.get::<_, &str>(0)).collect();
+            // Cannot miss: fewer rows came back than went in (a run there before, or twice here).
+            let taken = runs.iter().find(|r| !fresh.remove(r.id.as_str()));
+            return Err(run_exists(&taken.expect("a run not inserted").id));
+        }
+        self.execute(
+            "INSERT INTO active_runs (run_id, node_id) SELECT * FROM unnest($1::text[], $2::text[])
+             ON CONFLICT (run_id) DO UPDATE SET node_id = EXCLUDED.node_id",
+            &[&ids, &nodes],
+        )?;
+        self.announce.set(true);
+        self.execute(
+            "INSERT INTO waiting_runs (node_id, run_id) SELECT * FROM unnest($1::text[], $2::text[])
+             ON CONFLICT DO NOTHING",
+            &[&nodes, &ids],
+        )
+    }
+
     fn query(&self, sql: &'static str, params: Params) -> StoreResult<Vec<Row>> {
         let statement = self.statement(sql)?;
         self.check(self.client.borrow_mut().query(&statement, params))
@@ -1368,38 +1408,7 @@ impl WriteTx for PgTx<'_> {
 
     fn put_new_runs(&mut self, runs: &[RunRow]) -> StoreResult<()> {
         self.bulk.set(self.bulk.get() || runs.len() >= BULK_RUNS);
-        let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
-        let nodes: Vec<&str> = runs.iter().map(|r| r.node_id.as_str()).collect();
-        let records: Vec<Json<&RunRow>> = runs.iter().map(json).collect();
-        let inserted = self.query(
-            "INSERT INTO runs (id, node_id, record)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[])
-             ON CONFLICT (id) DO NOTHING RETURNING id",
-            &[&ids, &nodes, &records],
-        )?;
-        let mut known = self.runs.borrow_mut();
-        for run in runs {
-            known.insert(run.id.as_str().to_string(), Some(run.clone()));
-        }
-        drop(known);
-        if inserted.len() != runs.len() {
-            let mut fresh: std::collections::HashSet<&str> =
-                inserted.iter().map(|row| row.get::<_, &str>(0)).collect();
-            // Cannot miss: fewer rows came back than went in (a run there before, or twice here).
-            let taken = runs.iter().find(|r| !fresh.remove(r.id.as_str()));
-            return Err(run_exists(&taken.expect("a run not inserted").id));
-        }
-        self.execute(
-            "INSERT INTO active_runs (run_id, node_id) SELECT * FROM unnest($1::text[], $2::text[])
-             ON CONFLICT (run_id) DO UPDATE SET node_id = EXCLUDED.node_id",
-            &[&ids, &nodes],
-        )?;
-        self.announce.set(true);
-        self.execute(
-            "INSERT INTO waiting_runs (node_id, run_id) SELECT * FROM unnest($1::text[], $2::text[])
-             ON CONFLICT DO NOTHING",
-            &[&nodes, &ids],
-        )
+        (runs.chunks(RUNS_PER_STATEMENT)).try_for_each(|chunk| self.put_new_runs_at_once(chunk))
     }
 
     fn remove_run(&mut self, id: &RunId) -> StoreResult<()> {
