@@ -1375,6 +1375,13 @@ pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
         Some(5),
         "kept across a session and a beat"
     );
+    let closed = store.read(|tx| tx.closed_nodes()).unwrap();
+    assert_eq!(closed.len(), 1, "only the drained node: {closed:?}");
+    assert_eq!(
+        (closed[0].id.as_str(), closed[0].drained_since_ms),
+        (NODE_A, Some(5))
+    );
+    assert_eq!(closed[0].lease_until_ms, 20_000, "with its lease");
     let refused = store.create_set(
         "s2",
         &[
@@ -1394,6 +1401,7 @@ pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
     assert_eq!(store.runs_out().unwrap().get(&nid(NODE_A)), Some(&1));
     let back = store.set_drain(&nid(NODE_A), None).unwrap().unwrap();
     assert_eq!(back.drained_since_ms, None);
+    assert!(store.read(|tx| tx.closed_nodes()).unwrap().is_empty());
     create(&store, "s3", &[run("r6", "s3", NODE_A, b"p", 6)]);
     assert_eq!(store.runs_out().unwrap().get(&nid(NODE_A)), Some(&2));
 }

@@ -1001,9 +1001,10 @@ impl<'a> PgTx<'a> {
              ON CONFLICT (id) DO NOTHING RETURNING id",
             &[&ids, &nodes, &records],
         )?;
+        // Read back from the server if at all: a copy of every new row would be held to commit.
         let mut known = self.runs.borrow_mut();
         for run in runs {
-            known.insert(run.id.as_str().to_string(), Some(run.clone()));
+            known.remove(run.id.as_str());
         }
         drop(known);
         if inserted.len() != runs.len() {
@@ -1098,6 +1099,22 @@ impl ReadTx for PgTx<'_> {
             "SELECT n.id, n.record, l.last_heartbeat_ms, l.lease_until_ms, m.last_event_id
              FROM nodes n LEFT JOIN leases l ON l.node_id = n.id
              LEFT JOIN event_marks m ON m.node_id = n.id",
+            &[],
+        )?;
+        rows.iter().map(node_of).collect()
+    }
+
+    fn closed_nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+        self.write_nodes()?;
+        // A lease and a mark looked up for each closed node only: a join would read (and hold
+        // serializable read locks on) every lease, which heartbeats rewrite every second.
+        let rows = self.query(
+            "SELECT n.id, n.record,
+                    (SELECT last_heartbeat_ms FROM leases WHERE node_id = n.id),
+                    (SELECT lease_until_ms FROM leases WHERE node_id = n.id),
+                    (SELECT last_event_id FROM event_marks WHERE node_id = n.id)
+             FROM nodes n
+             WHERE n.record->>'drained_since_ms' IS NOT NULL OR n.record->>'ended' IS NOT NULL",
             &[],
         )?;
         rows.iter().map(node_of).collect()

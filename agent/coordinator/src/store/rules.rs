@@ -795,8 +795,7 @@ impl Store {
             for (digest, count) in &uses {
                 tx.add_program_refs(digest, *count)?;
             }
-            let closed: BTreeMap<NodeId, NodeRecord> = (tx.nodes()?.into_iter())
-                .filter(|n| !n.takes_runs())
+            let closed: BTreeMap<NodeId, NodeRecord> = (tx.closed_nodes()?.into_iter())
                 .map(|n| (n.id.clone(), n))
                 .collect();
             if let Some((run, node)) =
