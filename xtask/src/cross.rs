@@ -37,6 +37,11 @@ pub fn build_static(target: &str, packages: &[&str]) -> Result<()> {
     cmd.args(["zigbuild", "--release", "--target", target])
         .env("CARGO_ENCODED_RUSTFLAGS", reproducible_rustflags())
         .env_remove("RUSTFLAGS");
+    if target.starts_with("aarch64") {
+        // The coordinator's jemalloc learns the page size when it is built, and refuses a kernel
+        // whose pages are larger: 64 KiB pages serve arm64 kernels of 4, 16 and 64 KiB alike.
+        cmd.env("JEMALLOC_SYS_WITH_LG_PAGE", "16");
+    }
     for p in packages {
         cmd.args(["--package", p]);
     }

@@ -506,7 +506,7 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
     let markdown = format!(
         "## fleet: rolling restart of {k} coordinators, PostgreSQL, {nodes} nodes\n\n\
          `cargo xtask bench fleet --coordinators {k} --store postgres --nodes {nodes} --rolling-restart`: \
-         {k} `fleet-coordinator serve` (static `{TARGET}` release, one PostgreSQL 15 with `max_pred_locks_per_transaction = 4096`, heartbeat \
+         {k} `fleet-coordinator serve` (static `{TARGET}` release allocating through jemalloc, one PostgreSQL 15 with `max_pred_locks_per_transaction = 4096`, heartbeat \
          {hb} s, lease {lease} s, metrics off) and {nodes} simulated nodes from `fleet-loadgen` \
          (one process per coordinator). Before each restart, a run to every node through the next \
          coordinator; then the coordinator is sent SIGTERM (it tells each session it stops, and \

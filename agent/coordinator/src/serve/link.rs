@@ -677,12 +677,12 @@ enum Inbound {
 }
 
 fn parse_up(value: serde_json::Value) -> Inbound {
-    let is_event = value.get("type").and_then(|t| t.as_str()) == Some("event");
-    let event = value.get("event").cloned();
-    match serde_json::from_value::<Up>(value) {
+    // Read from a borrow: the value is kept, uncopied, for the one message in many that fails.
+    match <Up as serde::Deserialize>::deserialize(&value) {
         Ok(msg) => Inbound::Message(msg),
-        Err(e) => match event
-            .filter(|_| is_event)
+        Err(e) => match value
+            .get("event")
+            .filter(|_| value.get("type").and_then(|t| t.as_str()) == Some("event"))
             .and_then(|ev| unreadable_event(ev, &e))
         {
             Some(event) => Inbound::UnreadableEvent(event),
@@ -692,7 +692,7 @@ fn parse_up(value: serde_json::Value) -> Inbound {
 }
 
 /// An event whose envelope is intact (id, run) but whose content does not parse.
-fn unreadable_event(event: serde_json::Value, error: &serde_json::Error) -> Option<NodeEvent> {
+fn unreadable_event(event: &serde_json::Value, error: &serde_json::Error) -> Option<NodeEvent> {
     let id = event.get("id")?.as_u64()?;
     let run_id = RunId::parse(event.get("run_id")?.as_str()?).ok()?;
     let at_ms = event
