@@ -72,16 +72,10 @@ pub fn run(busy: bool) -> Result<()> {
         "warnings",
     ]))?;
     util::run(Command::new("cargo").args(["build", "--workspace", "--bins"]))?;
-    // The aarch64 supervisor, agent and oci run under qemu-aarch64-static in the suite; the
-    // coordinator is built to prove it links (its jemalloc is C that zig compiles).
+    // The aarch64 supervisor, agent and oci run under qemu-aarch64-static in the suite.
     cross::build_static(
         "aarch64-unknown-linux-musl",
-        &[
-            "fleet-agent",
-            "fleet-run-supervisor",
-            "oci",
-            "fleet-coordinator",
-        ],
+        &["fleet-agent", "fleet-run-supervisor", "oci"],
     )?;
     ensure_docker_engine()?;
     let load = busy.then(Load::start).transpose()?;
