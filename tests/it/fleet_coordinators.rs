@@ -893,9 +893,9 @@ fn a_node_waits_for_its_coordinator_to_restart_instead_of_moving() {
     );
 }
 
-/// A coordinator stopped by its operator gives the nodes it held two leases to hold a session
-/// again: a node that first waits for it to come back (10 s), then moves, keeps its run, which
-/// would be judged lost after one lease (8 s here).
+/// A coordinator stopped by its operator gives the nodes it held a failover grace (the longer of
+/// two leases and 5 min) to hold a session again: a node that first waits for it to come back
+/// (10 s), then moves, keeps its run, which would be judged lost after one lease (8 s here).
 #[test]
 fn a_stopped_coordinators_node_keeps_its_run_while_it_waits_and_moves() {
     let mut fleet = Fleet::with_flags(2, &["--lease", "8s"]);
@@ -924,7 +924,7 @@ fn a_stopped_coordinators_node_keeps_its_run_while_it_waits_and_moves() {
     assert_eq!(std::fs::read_to_string(&effects).unwrap(), "once\n");
     let told = fleet.coords[0].log_text();
     assert!(
-        told.contains("the nodes held here have two leases to be back nodes=1 "),
+        told.contains("the nodes held here have a failover grace to be back nodes=1 grace_s=300 "),
         "{told}"
     );
 }
