@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long going home may take (the connection and home's welcome) before the node stays where
-/// it is, to look again later: its session elsewhere goes on meanwhile, so waiting costs nothing.
-const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// it is, to look again later: its session elsewhere goes on meanwhile, so waiting costs nothing,
+/// while giving up costs home the session it was opening, opened again at the next try (at 30 s,
+/// thousands of nodes did so over and over in a 30 000-node rolling restart, BENCHMARKS.md).
+const HOME_DIAL_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a node whose coordinator said it stops (a shutdown, most often a restart) keeps
 /// dialing that one before it moves on: a restart's nodes come back to it instead of crowding
 /// the others and coming home later.
