@@ -343,7 +343,8 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; CHUNK];
+    // No bigger than what is sent: a wave of small programs' sends would each hold a whole chunk.
+    let mut buf = vec![0u8; want.min(CHUNK as u64) as usize];
     let mut got = 0u64;
     while got < want {
         let room = (want - got).min(CHUNK as u64) as usize;

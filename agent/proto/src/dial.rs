@@ -11,6 +11,10 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the TLS handshake may take once connected: a coordinator busy with a restart's
+/// returning nodes queues each for its turn (up to half of this) instead of dropping it, and a
+/// dropped node's retry costs it a backoff and the coordinator a connection (BENCHMARKS.md).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
@@ -70,7 +74,7 @@ pub async fn dial(
         .map_err(unreachable)?;
     let _ = tcp.set_nodelay(true);
     let handshake = tokio_rustls::TlsConnector::from(config).connect(pin::server_name(), tcp);
-    let result = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+    let result = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
         .await
         .unwrap_or_else(|_| {
             Err(io::Error::new(
