@@ -406,6 +406,11 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
     let idle: Vec<u64> = (bench.pids.iter())
         .map(|&pid| proc_status_kib(pid, "VmRSS"))
         .collect::<Result<_>>()?;
+    // The peaks count from here: the nodes' joins before idle are not part of a restart.
+    for pid in &bench.pids {
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+            .with_context(|| format!("cannot reset the peak RSS of coordinator pid {pid}"))?;
+    }
     let mut peak = idle.clone();
     let all = nodes as u64;
     let (mut rows, mut sets, mut slowest) = (Vec::new(), Vec::new(), 0.0f64);
@@ -419,14 +424,14 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
         let via = (i + 1) % k;
         sets.push((via, bench.coords[via].run_set(&program, &[])?));
         let (finished0, started) = (bench.counter("finished")?, Instant::now());
+        // The stopping process's peak, before it is gone.
+        note_peaks(&bench.pids, &mut peak);
         let (exit, listen) = bench.restart(i)?;
         // The loadgens' counters come once a second: the next ones show the sessions it held
         // gone, and then back.
         std::thread::sleep(Duration::from_millis(1500));
         let back = loop {
-            for (slot, &pid) in bench.pids.iter().enumerate() {
-                peak[slot] = peak[slot].max(proc_status_kib(pid, "VmRSS").unwrap_or(0));
-            }
+            note_peaks(&bench.pids, &mut peak);
             if bench.counter("live")? >= all {
                 break started.elapsed().as_secs_f64();
             }
@@ -439,9 +444,7 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
         // of the sessions again.
         let share = all / k as u64;
         let balanced = loop {
-            for (slot, &pid) in bench.pids.iter().enumerate() {
-                peak[slot] = peak[slot].max(proc_status_kib(pid, "VmRSS").unwrap_or(0));
-            }
+            note_peaks(&bench.pids, &mut peak);
             let held = (bench.coords.iter())
                 .map(|c| established(&c.addr))
                 .collect::<Result<Vec<u64>>>()?;
@@ -470,9 +473,7 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
     let started = Instant::now();
     let (mut finals, mut looked) = (0, Instant::now());
     while finals < sets.len() {
-        for (slot, &pid) in bench.pids.iter().enumerate() {
-            peak[slot] = peak[slot].max(proc_status_kib(pid, "VmRSS").unwrap_or(0));
-        }
+        note_peaks(&bench.pids, &mut peak);
         // The rows are read once the nodes' counters say every run ended, and every 15 s before
         // that to stop at a lost or failed one: a set of 30 000 rows read twice a second cost
         // PostgreSQL and the coordinator as much as the dispatch it waited for (run 33).
@@ -500,6 +501,7 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
         std::thread::sleep(Duration::from_millis(500));
     }
     let starts = bench.counter("starts")?;
+    note_peaks(&bench.pids, &mut peak);
     bench.stop();
     let worst = (0..k)
         .map(|i| peak[i] as f64 / idle[i].max(1) as f64)
@@ -524,8 +526,10 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
          the node dials it again for 10 s before moving on, the first time after a random wait of up \
          to a quarter lease) and started again on its address, and \
          the next restart waits until the nodes it held are back home (each coordinator holding \
-         97% of its share of the sessions, counted with `ss`). One run, on one machine of 2 cores \
-         shared by every process.\n\n\
+         97% of its share of the sessions, counted with `ss`). Idle is each coordinator's RSS \
+         with every node in session before the first restart; its peak is the kernel's high-water \
+         mark (`VmHWM`, reset at idle, and the restarted process's own from its start). One run, \
+         on one machine of 2 cores shared by every process.\n\n\
          | restart | SIGTERM to exit / start to listening | every node in session again | each coordinator holding its share again | runs ended meanwhile |\n|---|---|---|---|---|\n{}\n\n\
          | figure | value | target (issue 21) |\n|---|---|---|\n\
          | every node back after each restart | {slowest:.1} s at most | within two leases ({two} s) |\n\
@@ -721,6 +725,14 @@ fn rss_kib(pids: &[u32]) -> Result<u64> {
 }
 
 /// The loadgen's counter lines, parsed, as they arrive.
+/// Raises each slot's peak to its process's high-water mark of resident memory (`VmHWM`, reset
+/// at idle): the kernel's own peak, which samples of `VmRSS` between two reads would miss.
+fn note_peaks(pids: &[u32], peak: &mut [u64]) {
+    for (slot, &pid) in pids.iter().enumerate() {
+        peak[slot] = peak[slot].max(proc_status_kib(pid, "VmHWM").unwrap_or(0));
+    }
+}
+
 fn counter_lines(loadgen: &mut Proc) -> mpsc::Receiver<Value> {
     let stdout = loadgen.0.stdout.take().expect("piped");
     let (tx, rx) = mpsc::channel();
