@@ -666,7 +666,7 @@ async fn bind_metrics(
 /// The threads `serve` lends to blocking work: the store's calls (a pool's worth at a time)
 /// and the file steps of content sends. Tokio's default is 512, and each thread it starts stays
 /// while any work comes within its keep-alive, holding its stack and its allocator cache: in a
-/// 30 000-node rolling restart a coordinator grew to 208 of them while the runs held back were
+/// 30 000-node rolling restart a coordinator grew to 237 of them while the runs held back were
 /// dispatched, and its RSS with them (BENCHMARKS.md, run 38).
 const SERVE_BLOCKING_THREADS: usize = 64;
 
