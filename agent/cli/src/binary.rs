@@ -31,12 +31,21 @@ impl std::fmt::Display for ExitWith {
 
 impl std::error::Error for ExitWith {}
 
+/// Tokio's own bound on its blocking pool.
+const TOKIO_BLOCKING_THREADS: usize = 512;
+
 /// One thread serves everything (the work is I/O bound and memory stays small); blocking calls
 /// go to tokio's blocking pool.
 pub fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    async_runtime_lending(TOKIO_BLOCKING_THREADS)
+}
+
+/// [`async_runtime`] with at most `blocking_threads` in its blocking pool.
+pub fn async_runtime_lending(blocking_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context;
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(blocking_threads)
         .build()
         .context("cannot start the async runtime")
 }

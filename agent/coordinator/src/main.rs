@@ -599,7 +599,7 @@ fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
         Ok(None) => {}
         Err(e) => tracing::warn!("cannot read the store's settings: {e}"),
     }
-    let runtime = serve_runtime()?;
+    let runtime = binary::async_runtime_lending(SERVE_BLOCKING_THREADS)?;
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
@@ -669,16 +669,6 @@ async fn bind_metrics(
 /// 30 000-node rolling restart a coordinator grew to 237 of them while the runs held back were
 /// dispatched, and its RSS with them (BENCHMARKS.md, run 38).
 const SERVE_BLOCKING_THREADS: usize = 64;
-
-/// `serve`'s runtime: one async thread, as every binary's, and at most
-/// [`SERVE_BLOCKING_THREADS`] for blocking work.
-fn serve_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(SERVE_BLOCKING_THREADS)
-        .build()
-        .context("cannot start the async runtime")
-}
 
 /// Files this process may open, less a reserve for its store, blobs and logs: one a connection.
 fn default_max_connections() -> usize {
