@@ -471,7 +471,7 @@ fn an_end_and_a_timeout_are_reported_as_they_happen_not_at_the_next_watch() {
     let image = images.image(&registry, "events/sh", None);
     // The agent's watch runs every heartbeat: at one an hour, no watch comes within the test's
     // waits, so whatever is reported came from the engine's event stream or the timeout's timer.
-    let coord = Coordinator::start(&path("coord"), &["--heartbeat", "1h", "--lease", "2h"]);
+    let coord = Coordinator::start(&path("coord"), &["--heartbeat", "1h", "--lease", "3h"]);
     let _agent = worker(&coord, dir.path());
     let node_id = coord.nodes()[0]["id"].as_str().unwrap().to_string();
     let _containers = Containers::of_agent(&node_id);
@@ -1009,4 +1009,78 @@ fn the_signing_policy_refuses_an_unsigned_image_and_another_keys_and_runs_the_fl
     let set = testkit::ok(&mut run(&[])).trim().to_string();
     let done = wait_row(&coord, &set, |r| r["state"] == "finished");
     assert!(done.get("signed_by").is_none(), "{done:#}");
+}
+
+/// `check`: a healthy node passes every row, its engine reading the image's manifest from the
+/// real registry as a pull would; against a registry nobody answers at, the registry row fails
+/// naming the registry and the engine's error, the command exits 1 with one line, and the other
+/// rows still pass.
+#[test]
+fn check_passes_a_healthy_node_and_names_an_unreachable_registry() {
+    let dir = testkit::tempdir();
+    let registry = Registry::plain();
+    let images = Containers::new("check-images");
+    engine_version(&images.runtime());
+    let image = images.image(&registry, "check/sh", None);
+    let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+    let _agent = worker(&coord, dir.path());
+    let node_id = coord.nodes()[0]["id"].as_str().unwrap().to_string();
+    let _containers = Containers::of_agent(&node_id);
+    let manifests = counts(&registry).0;
+    let out = testkit::ok(
+        coord
+            .command()
+            .args(["check", "--all", "--registry", &image, "--json"]),
+    );
+    let checked: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = checked[0]["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["check"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["session", "registry", "store", "clock", "disk", "engine"]
+    );
+    for row in rows {
+        assert_eq!(row["verdict"], "pass", "{row}");
+    }
+    let digest = image.rsplit_once('@').unwrap().1;
+    assert!(
+        rows[1]["detail"].as_str().unwrap().contains(digest),
+        "{rows:#?}"
+    );
+    assert!(
+        counts(&registry).0 > manifests,
+        "the registry was asked for the manifest"
+    );
+    // The table, and a registry where nothing listens.
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("127.0.0.1:{dead_port}/check/sh:1");
+    let out = coord
+        .command()
+        .args(["check", "--node", "worker", "--registry", &dead])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "fleet-coordinator: 1 of 1 node(s) failed a check: see the rows marked fail"
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let failed: Vec<&str> = table.lines().filter(|l| l.contains(" fail ")).collect();
+    assert_eq!(failed.len(), 1, "{table}");
+    assert!(failed[0].contains(" registry "), "{table}");
+    assert!(
+        failed[0].contains(&format!("127.0.0.1:{dead_port}")),
+        "{table}"
+    );
+    assert!(failed[0].contains("connection refused"), "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.contains(" pass ")).count(),
+        5,
+        "{table}"
+    );
 }

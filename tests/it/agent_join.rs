@@ -848,3 +848,140 @@ fn an_idle_node_keeps_its_session_for_many_leases() {
     assert_eq!(agent.count("session open"), 1, "{}", agent.log_text());
     assert_eq!(coord.nodes()[0]["state"], "Joined");
 }
+
+/// AMD's and Intel's GPUs come from the kernel's own files. The trees here are stand-ins for
+/// hardware the test machine does not have, laid out as a real RX 9070 XT (gfx1201), MI300X
+/// (gfx942) and Arc A770 report themselves, beside a BMC display that is no accelerator. A card
+/// whose report does not parse is left out with one warning, and the agent joins regardless;
+/// `rocm-smi`, where present, names AMD's cards; `--where` chooses by vendor and arch.
+#[test]
+fn gpus_of_every_vendor_come_from_the_kernels_files() {
+    use testkit::sysfs::{ARC_A770, ASPEED_BMC, Card, MI300X, RX_9070};
+    let dir = testkit::tempdir();
+    let coord = Coordinator::start(&dir.path().join("coord"), &[]);
+    let m = Machine::new(dir.path(), "m1");
+    let sys = testkit::sysfs::tree(
+        &m.root.join("sys"),
+        &[&ASPEED_BMC, &RX_9070, &MI300X, &ARC_A770],
+    );
+    let unreadable = Card {
+        number: 4,
+        address: "0000:0b:00.0",
+        bridges: &["0000:00:05.1", "0000:0a:00.0"],
+        reports: &[("mem_info_vram_total", "lots")],
+        gfx_target_version: None,
+        ..RX_9070
+    };
+    testkit::sysfs::add(&sys, &unreadable);
+    std::fs::write(m.join_file(), coord.token(&["--name", "gpu-box"])).unwrap();
+    let sysfs_root = sys.to_str().unwrap();
+    let agent = m.start(&[
+        "--sysfs-root",
+        sysfs_root,
+        "--rocm-tool",
+        "/nonexistent/rocm-smi",
+    ]);
+    assert!(wait_until(WAIT, || coord
+        .nodes()
+        .first()
+        .is_some_and(|n| n["facts"].is_object())));
+    let gpus = coord.nodes()[0]["facts"]["accelerators"].clone();
+    let gpus = gpus.as_array().unwrap();
+    assert_eq!(gpus.len(), 3, "{gpus:#?}");
+    let seen = |g: &Value| {
+        (
+            g["vendor"].as_str().unwrap().to_string(),
+            g["index"].as_u64().unwrap(),
+            g["name"].as_str().unwrap().to_string(),
+            g["arch"].as_str().map(str::to_string),
+            g["memory_mib"].as_u64().unwrap(),
+            g["driver"].as_str().unwrap().to_string(),
+            g["uuid"].as_str().unwrap().to_string(),
+        )
+    };
+    let text = |s: &str| s.to_string();
+    assert_eq!(
+        seen(&gpus[0]),
+        (
+            text("amd"),
+            0,
+            text("AMD Radeon (gfx1201)"),
+            Some(text("gfx1201")),
+            16_368,
+            text("amdgpu"),
+            text("0000:03:00.0")
+        )
+    );
+    assert_eq!(
+        seen(&gpus[1]),
+        (
+            text("amd"),
+            1,
+            text("AMD Instinct MI300X OAM"),
+            Some(text("gfx942")),
+            196_592,
+            text("amdgpu"),
+            text("8a0b5c3e9f4d2c71")
+        )
+    );
+    assert_eq!(
+        seen(&gpus[2]),
+        (
+            text("intel"),
+            0,
+            text("Intel Arc A770"),
+            None,
+            0,
+            text("i915"),
+            text("0000:07:00.0")
+        )
+    );
+    let warning = "card4: mem_info_vram_total \"lots\" is not a number of bytes; that GPU is left out of the facts";
+    assert!(agent.wait_for(warning, 1, WAIT), "{}", agent.log_text());
+    assert_eq!(
+        agent.count("is not a number of bytes"),
+        1,
+        "one warning: {}",
+        agent.log_text()
+    );
+    let matching = |expr: &str| {
+        let out = testkit::ok(coord.command().args(["nodes", "--json", "--where", expr]));
+        serde_json::from_str::<Vec<Value>>(&out).unwrap().len()
+    };
+    assert_eq!(matching("gpu.vendor=amd,gpu.arch=gfx1201"), 1);
+    assert_eq!(matching("gpu.vendor=intel,gpus>=3"), 1);
+    assert_eq!(
+        matching("gpu.arch=gfx950"),
+        0,
+        "cross-compiling for a card needs no card"
+    );
+    assert_eq!(matching("gpu.vendor=nvidia"), 0);
+
+    // rocm-smi, where installed, names AMD's cards as its JSON does.
+    let rocm = testkit::agent::script(
+        &m.root.join("rocm-smi"),
+        r#"case "$*" in "--showproductname --showuniqueid --showbus --json") printf '%s' '{"card1": {"Card Series": "AMD Radeon RX 9070 XT", "Card Model": "0x7550", "PCI Bus": "0000:03:00.0", "Unique ID": "N/A"}, "card2": {"Card series": "AMD Instinct MI300X", "PCI Bus": "0000:05:00.0", "Unique ID": "0x8a0b5c3e9f4d2c71", "GFX Version": "gfx942"}}';; *) echo "unexpected arguments: $*" >&2; exit 2;; esac"#,
+    );
+    let named = Machine::new(dir.path(), "m2");
+    std::fs::write(named.join_file(), coord.token(&["--name", "named"])).unwrap();
+    let _named = named.start(&[
+        "--sysfs-root",
+        sysfs_root,
+        "--rocm-tool",
+        rocm.to_str().unwrap(),
+    ]);
+    let reported =
+        || (coord.nodes().into_iter()).find(|n| n["name"] == "named" && n["facts"].is_object());
+    assert!(wait_until(WAIT, || reported().is_some()));
+    let gpus = reported().unwrap()["facts"]["accelerators"].clone();
+    assert_eq!(gpus[0]["name"], "AMD Radeon RX 9070 XT");
+    assert_eq!(gpus[0]["uuid"], "0000:03:00.0", "N/A is no id");
+    assert_eq!(
+        (&gpus[1]["name"], &gpus[1]["uuid"]),
+        (
+            &Value::from("AMD Instinct MI300X"),
+            &Value::from("0x8a0b5c3e9f4d2c71")
+        )
+    );
+    assert_eq!(gpus[2]["vendor"], "intel");
+}

@@ -390,3 +390,53 @@ fn a_stopped_coordinator_ends_100_live_sessions_within_its_grace_and_cuts_none()
     );
     eprintln!("100 sessions drained; serve exited {took:?} after SIGTERM");
 }
+
+/// A heartbeat at or above half the lease would lose a node between two beats by design:
+/// `serve` refuses it in one line naming both, before it opens anything.
+#[test]
+fn a_heartbeat_at_half_the_lease_or_more_is_refused() {
+    let dir = testkit::tempdir();
+    let data = dir.path().join("coord");
+    for (heartbeat, lease, said) in [
+        (
+            "10s",
+            "20s",
+            "--heartbeat 10 s is at or above half of --lease 20 s",
+        ),
+        (
+            "30s",
+            "20s",
+            "--heartbeat 30 s is at or above half of --lease 20 s",
+        ),
+        (
+            "1500ms",
+            "3s",
+            "--heartbeat 1500 ms is at or above half of --lease 3 s",
+        ),
+    ] {
+        let err = testkit::fails(
+            testkit::cmd("fleet-coordinator")
+                .arg("--data")
+                .arg(&data)
+                .args([
+                    "serve",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--heartbeat",
+                    heartbeat,
+                    "--lease",
+                    lease,
+                ]),
+        );
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert!(lines[0].contains(said), "{err}");
+        assert!(lines[0].ends_with("a node would be lost between two heartbeats; give --lease more than twice the heartbeat"), "{err}");
+        assert!(
+            !data.join(fleet_coordinator::STORE_FILE).exists(),
+            "nothing opened"
+        );
+    }
+    // Just under half is served.
+    let _coord = Coordinator::start(&data, &["--heartbeat", "999ms", "--lease", "2s"]);
+}

@@ -694,6 +694,7 @@ fn the_sweep_restores_the_copies_of_a_holder_gone_for_good() {
                 "label.pool=later",
                 "--count",
                 "1",
+                "--wait-for-match",
                 "--program",
             ])
             .arg(&program)

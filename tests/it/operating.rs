@@ -4,8 +4,10 @@
 //! A program appends its argument to a side-effect file, so every run's executions are counted.
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 use testkit::agent::{Agent, Coordinator, script, wait_until};
+use testkit::netns::Net;
 use testkit::postgres::Postgres;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -26,6 +28,11 @@ impl Fleet {
 
     /// Like [`Fleet::new`], the coordinator serving with `flags` too.
     fn serving(postgres: bool, flags: &[&str]) -> Fleet {
+        Fleet::listening(postgres, "127.0.0.1:0", flags)
+    }
+
+    /// Like [`Fleet::serving`], the coordinator listening on `listen`.
+    fn listening(postgres: bool, listen: &str, flags: &[&str]) -> Fleet {
         let dir = testkit::tempdir();
         let pg = postgres.then(Postgres::start);
         let url = pg.as_ref().map(Postgres::fresh_database);
@@ -34,7 +41,7 @@ impl Fleet {
             None => vec![],
         };
         store.extend_from_slice(flags);
-        let coord = Coordinator::start(&dir.path().join("coord"), &store);
+        let coord = Coordinator::start_on(&dir.path().join("coord"), listen, &store);
         Fleet {
             dir,
             coord,
@@ -62,17 +69,7 @@ impl Fleet {
         arm64: bool,
         agent_flags: &[&str],
     ) -> String {
-        let machine = self.path(name);
-        std::fs::create_dir_all(&machine).unwrap();
-        let mut flags = vec!["--name", name];
-        flags.extend_from_slice(token_flags);
-        let join = self.coord.token(&flags);
-        std::fs::write(machine.join("fleet.json"), join).unwrap();
-        let mut native = testkit::agent::machine_command(&machine);
-        native.args(agent_flags);
-        // The machine's own tools first (a stand-in `systemctl` where a test puts one).
-        let path = std::env::var("PATH").unwrap_or_default();
-        native.env("PATH", format!("{}:{path}", machine.join("bin").display()));
+        let native = self.machine_command(name, token_flags, agent_flags);
         let command = match arm64 {
             false => native,
             true => {
@@ -88,6 +85,37 @@ impl Fleet {
                 qemu
             }
         };
+        self.start_machine(name, command)
+    }
+
+    /// A machine named `name` whose agent runs in the network namespace `net`, reaching the
+    /// coordinator (which must listen there) at the host's side of its pair.
+    fn add_machine_in(&mut self, net: &Net, name: &str, agent_flags: &[&str]) -> String {
+        let port = self.coord.addr.rsplit_once(':').unwrap().1.to_string();
+        let address = format!("{}:{port}", net.host_ip);
+        let native = self.machine_command(name, &["--address", &address], agent_flags);
+        self.start_machine(name, net.command(&native))
+    }
+
+    /// Writes the machine's join file (its token minted with `token_flags`) and returns its
+    /// agent's command, with `agent_flags`.
+    fn machine_command(&self, name: &str, token_flags: &[&str], agent_flags: &[&str]) -> Command {
+        let machine = self.path(name);
+        std::fs::create_dir_all(&machine).unwrap();
+        let mut flags = vec!["--name", name];
+        flags.extend_from_slice(token_flags);
+        let join = self.coord.token(&flags);
+        std::fs::write(machine.join("fleet.json"), join).unwrap();
+        let mut native = testkit::agent::machine_command(&machine);
+        native.args(agent_flags);
+        // The machine's own tools first (a stand-in `systemctl` where a test puts one).
+        let path = std::env::var("PATH").unwrap_or_default();
+        native.env("PATH", format!("{}:{path}", machine.join("bin").display()));
+        native
+    }
+
+    /// Starts the machine's agent as `command`; returns its node id once its facts are in.
+    fn start_machine(&mut self, name: &str, command: Command) -> String {
         let agent = Agent::spawn(&self.path(&format!("{name}.log")), command);
         assert!(
             agent.wait_for("session open", 1, WAIT),
@@ -385,16 +413,45 @@ fn where_places_runs_by_facts_and_labels_least_loaded_first() {
     };
     let unknown = refused(&["--where", "colour=red"]);
     assert!(
-        unknown.contains("--where names \"colour\", which is not a fact: the keys are arch, os, kernel, version, name, cpus, gpus, memory, disk, cap, label.KEY"),
+        unknown.contains("--where names \"colour\", which is not a fact: the keys are arch, os, kernel, version, name, cpus, gpus, gpu.vendor, gpu.arch, memory, disk, link, link_confidence, assumed_link, assumed_link_confidence, cap, label.KEY"),
         "{unknown}"
     );
     let bad = refused(&["--where", "gpus>=many"]);
     assert!(bad.contains("\"many\" is not a number"), "{bad}");
     assert_eq!(blobs(), stored, "nothing was added to the blob store");
     let none = refused(&["--all", "--where", "label.tier=platinum"]);
-    assert!(
-        none.starts_with("fleet-coordinator: 0 of 4 nodes match --where label.tier=platinum"),
-        "{none}"
+    assert_eq!(
+        none,
+        "fleet-coordinator: 0 of 4 nodes match --where label.tier=platinum (joined and not draining): widen the expression"
+    );
+    // `--count` with nothing matching is refused at once too, unless it waits for a match.
+    for count in [&["--count", "2"][..], &[]] {
+        let mut args = vec!["--where", "label.tier=platinum"];
+        args.extend_from_slice(count);
+        assert_eq!(
+            refused(&args),
+            "fleet-coordinator: 0 of 4 nodes match --where label.tier=platinum (joined and not draining): widen the expression, or pass --wait-for-match to queue for one"
+        );
+    }
+    let unknown = refused(&["--where", "arch=x86_64", "--prefer", "fastest"]);
+    assert_eq!(
+        unknown,
+        "fleet-coordinator: --prefer \"fastest\" is not known: prefer link or content"
+    );
+    let rate = refused(&["--where", "link>=100MB"]);
+    assert!(rate.contains("\"100MB\" is not a rate"), "{rate}");
+    assert_eq!(blobs(), stored, "nothing was added to the blob store");
+    let waits = fleet.run(
+        &["--where", "label.tier=platinum", "--wait-for-match"],
+        &quick,
+        "platinum",
+    );
+    let rows = fleet.rows(&waits);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(
+        (&rows[0]["node_id"], &rows[0]["waiting_for"]["reason"]),
+        (&Value::from("unplaced"), &Value::from("match")),
+        "{rows:#?}"
     );
 }
 
@@ -848,4 +905,161 @@ fn a_fetch_window_of_one_delivers_every_run_in_turn() {
         effects,
         ["first", "first", "first", "second", "second", "second"]
     );
+}
+
+/// The node each row of the set went to, sorted.
+fn nodes_of(fleet: &Fleet, set: &str) -> Vec<String> {
+    let mut ids: Vec<String> = (fleet.rows(set).iter())
+        .map(|r| r["node_id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// `--where link>=50MB/s` and `--prefer link` weigh the link each machine measured copying an
+/// artifact (`replicate`). Two machines in network namespaces whose host side `tc` shapes to
+/// 10 MB/s and to 100 MB/s: the floor picks the fast one, `link<50MB/s` the slow one; a third
+/// machine that never copied anything counts at what the expression assumes.
+#[test]
+fn a_link_floor_picks_the_machine_whose_copies_were_fast_enough() {
+    let mut fleet = Fleet::listening(false, "0.0.0.0:0", &[]);
+    let (slow_net, fast_net) = (Net::new("lk", 0), Net::new("lk", 1));
+    slow_net.shape("80mbit");
+    fast_net.shape("800mbit");
+    let root = |name: &str| fleet.path(name).join("artifacts");
+    let (slow_root, fast_root) = (root("slow"), root("fast"));
+    let slow = fleet.add_machine_in(
+        &slow_net,
+        "slow",
+        &["--artifact-root", slow_root.to_str().unwrap()],
+    );
+    let fast = fleet.add_machine_in(
+        &fast_net,
+        "fast",
+        &["--artifact-root", fast_root.to_str().unwrap()],
+    );
+    let never = fleet.add_agent("never");
+    // 24 MB: about 2.4 s through the slow link, a quarter second through the fast one.
+    let artifact = fleet.path("model.bin");
+    let block: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut bytes = Vec::with_capacity(24 << 20);
+    for i in 0..24u8 {
+        bytes.extend(block.iter().map(|b| b ^ i));
+    }
+    std::fs::write(&artifact, bytes).unwrap();
+    for name in ["slow", "fast"] {
+        testkit::ok(
+            fleet
+                .coord
+                .command()
+                .args(["replicate", "--node", name, "--file"])
+                .arg(&artifact),
+        );
+    }
+    let rate = |name: &str| fleet.node(name)["facts"]["measured_link"]["bytes_per_s"].as_u64();
+    let (slow_rate, fast_rate) = (rate("slow").unwrap(), rate("fast").unwrap());
+    eprintln!("measured links: slow {slow_rate} B/s, fast {fast_rate} B/s");
+    assert!(
+        slow_rate < 12_000_000,
+        "shaped to 10 MB/s, measured {slow_rate} B/s"
+    );
+    assert!(
+        fast_rate >= 50_000_000,
+        "shaped to 100 MB/s, measured {fast_rate} B/s"
+    );
+    assert_eq!(rate("never"), None, "it copied nothing");
+    let quick = fleet.program("quick", 0.0);
+    let floor = fleet.run(
+        &["--where", "link>=50MB/s", "--count", "2"],
+        &quick,
+        "floor",
+    );
+    let floor_rows = fleet.rows(&floor);
+    assert_eq!(floor_rows[0]["node_id"], fast.as_str(), "{floor_rows:#?}");
+    assert_eq!(
+        floor_rows[1]["node_id"], "unplaced",
+        "the others are under the floor: {floor_rows:#?}"
+    );
+    // Measured, and confidently: the machine never measured is assumed 0 B/s at 0.5.
+    let under = fleet.run(
+        &["--where", "link<50MB/s,link_confidence>=0.9"],
+        &quick,
+        "under",
+    );
+    assert_eq!(nodes_of(&fleet, &under), [slow.as_str()]);
+    let assumed = fleet.run(
+        &["--all", "--where", "link>=50MB/s,assumed_link=1Gbit/s"],
+        &quick,
+        "assumed",
+    );
+    let mut expected = vec![fast.clone(), never.clone()];
+    expected.sort();
+    assert_eq!(nodes_of(&fleet, &assumed), expected);
+    // The fastest first, whatever the load; then `nodes` filters alike.
+    let slow_run = fleet.program("slow-run", 30.0);
+    fleet.run(&["--node", "fast"], &slow_run, "busy");
+    let preferred = fleet.run(
+        &["--where", "arch=x86_64", "--prefer", "link"],
+        &quick,
+        "prefer",
+    );
+    assert_eq!(nodes_of(&fleet, &preferred), [fast.as_str()]);
+    let listed =
+        testkit::ok(
+            fleet
+                .coord
+                .command()
+                .args(["nodes", "--json", "--where", "link>=50MB/s"]),
+        );
+    let listed: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(listed[0]["id"], fast.as_str());
+}
+
+/// `--prefer content` sends a run to the machine that already holds its program (its facts
+/// list the digests it holds, sent again once it fetched new content), whatever the load.
+#[test]
+fn prefer_content_picks_the_machine_already_holding_the_program() {
+    let mut fleet = Fleet::new(false);
+    let a = fleet.add_agent("a");
+    let b = fleet.add_agent("b");
+    let on = |name: &str| {
+        script(
+            &fleet.path(&format!("on-{name}.sh")),
+            &format!("echo {name}"),
+        )
+    };
+    let (on_a, on_b) = (on("a"), on("b"));
+    for (node, program) in [("a", &on_a), ("b", &on_b)] {
+        let set = fleet.run(&["--node", node], program, "first");
+        assert!(wait_until(WAIT, || fleet.rows(&set).iter().all(is_final)));
+    }
+    let digest = |p: &Path| format!("sha256:{}", fleet_coordinator::file_sha256(p).unwrap());
+    let holds = |node: &str, p: &Path| {
+        let inventory = fleet.node(node)["facts"]["content"]["digests"].clone();
+        inventory
+            .as_array()
+            .is_some_and(|d| d.contains(&Value::from(digest(p))))
+    };
+    assert!(
+        wait_until(WAIT, || holds("a", &on_a) && holds("b", &on_b)),
+        "{:#}",
+        fleet.node("a")
+    );
+    assert!(!holds("a", &on_b) && !holds("b", &on_a));
+    // Each one loaded, so least-loaded alone would pick the other.
+    let long = fleet.program("long", 30.0);
+    fleet.run(&["--node", "a"], &long, "busy");
+    fleet.run(&["--node", "b"], &long, "busy");
+    fleet.run(&["--node", "b"], &long, "busier");
+    for (program, holder) in [(&on_a, &a), (&on_b, &b)] {
+        let set = fleet.run(
+            &["--where", "arch=x86_64", "--prefer", "content"],
+            program,
+            "again",
+        );
+        assert_eq!(nodes_of(&fleet, &set), [holder.as_str()]);
+    }
 }

@@ -9,6 +9,7 @@ pub mod referrers_api;
 pub mod registry;
 pub mod release;
 pub mod runtime_suite;
+pub mod sysfs;
 pub mod webdriver;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

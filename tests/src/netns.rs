@@ -51,6 +51,25 @@ impl Net {
         net
     }
 
+    /// Shapes what the host sends into the namespace to `rate` with tc's token bucket (`80mbit`
+    /// is 10 MB/s), as a machine's slower link would.
+    pub fn shape(&self, rate: &str) {
+        sh(Command::new("tc").args([
+            "qdisc",
+            "add",
+            "dev",
+            &self.host_if,
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "1mb",
+            "latency",
+            "100ms",
+        ]));
+    }
+
     /// `ip -n NS ARGS`.
     pub fn inside(&self, args: &[&str]) {
         sh(Command::new("ip").args(["-n", &self.ns]).args(args));

@@ -74,6 +74,29 @@ pub enum Command {
     /// Have one node take a release (the newest taken in unless --release): it checks it,
     /// installs it and restarts into it on trial; `nodes` shows how that went (needs `serve`)
     Update(UpdateArgs),
+    /// Run the acceptance checks on nodes: their session, registry, store, clock, disk and
+    /// engine, one row per node and check; exits 1 when any fails (needs `serve`)
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// The node, by id or name
+    #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+    pub node: Option<String>,
+    /// Every node not retired or revoked
+    #[arg(long)]
+    pub all: bool,
+    /// An image whose manifest each node's engine must read from its registry, as a pull
+    /// would (HOST/REPO:TAG or HOST/REPO@sha256:HEX); without it the registry is not checked
+    #[arg(long, value_name = "REF")]
+    pub registry: Option<String>,
+    /// The least free disk under each node's run store that passes
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    pub min_disk: u64,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand)]
@@ -329,13 +352,22 @@ pub struct RunArgs {
     /// Every node (with --where, every node that matches)
     #[arg(long)]
     pub all: bool,
-    /// Only nodes whose facts and labels match, such as arch=arm64,gpus>=1,label.pool=lab
-    /// (keys: arch, os, kernel, version, name, cpus, gpus, memory, disk, cap, label.KEY)
+    /// Only nodes whose facts and labels match, such as arch=arm64,gpus>=1,link>=100MB/s
+    /// (keys: arch, os, kernel, version, name, cpus, gpus, gpu.vendor, gpu.arch, memory, disk,
+    /// link, link_confidence, assumed_link, assumed_link_confidence, cap, label.KEY)
     #[arg(long = "where", value_name = "EXPR")]
     pub where_: Option<String>,
     /// With --where: how many matching nodes, least loaded first (default 1)
     #[arg(long, requires = "where_", conflicts_with = "all", value_parser = clap::value_parser!(u32).range(1..))]
     pub count: Option<u32>,
+    /// With --where: order the matching nodes by `link` (the fastest first) or `content` (those
+    /// already holding the program or image first), then least loaded
+    #[arg(long, requires = "where_", value_name = "link|content")]
+    pub prefer: Option<String>,
+    /// With --where: when no node matches now, queue the runs for a match (until the waiting
+    /// timeout) rather than refuse
+    #[arg(long, requires = "where_", conflicts_with = "all")]
+    pub wait_for_match: bool,
     /// With --where: a run lost because its machine went away (lease expired, retired with
     /// --discard, revoked, forgotten) is placed again on another matching node, up to N times;
     /// each attempt is its own row. An attempt runs at most once; a lost one may have run partly
@@ -519,6 +551,29 @@ fn parse_json_object(text: &str) -> Result<serde_json::Value, String> {
             "not JSON ({e}): pass the command as {{\"kind\": ...}}"
         )),
     }
+}
+
+/// Bytes with an optional unit: `512MiB`, `1GiB`, `10GB`.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let at = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(at);
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => return Err(format!("`{text}` is not a size: write e.g. 512MiB or 1GiB")),
+    };
+    (digits.parse::<u64>().ok())
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{text}` is not a size: write e.g. 512MiB or 1GiB"))
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {

@@ -6,6 +6,7 @@
 //! and its rules, over a backend: the embedded redb one or PostgreSQL, by [`StoreLocation`]),
 //! `userdata` (the `#cloud-config`), `signing` (the images the fleet trusts), `metrics` (the diagnostic listener: metrics and health). Every other module is the crate's own.
 mod bundles;
+pub mod check;
 mod commit;
 mod content;
 mod coordinator;

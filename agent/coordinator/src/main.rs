@@ -224,6 +224,19 @@ fn run_coordinator(args: Cli) -> Result<()> {
                 sent.node_id, sent.from, sent.to
             );
         }
+        Command::Check(c) => {
+            let request = operator::Request::Check(fleet_coordinator::check::CheckNodes {
+                node: c.node.clone(),
+                ask: fleet_proto::check::CheckRequest {
+                    registry: c.registry.clone(),
+                    min_disk_bytes: c.min_disk,
+                },
+            });
+            let operator::Answer::Checked(checked) = operate(&place, request)? else {
+                return Err(mismatch("check"));
+            };
+            print_checks(&checked, c.json)?;
+        }
         Command::Forget(f) => {
             let request = operator::Request::Forget {
                 node: f.node.clone(),
@@ -295,6 +308,10 @@ fn run_request(
 ) -> Result<RunRequest> {
     // Read before any file is added to the blob store, so a bad expression changes nothing.
     let place = selector(r.where_.as_deref())?;
+    let prefer = (r.prefer.as_deref())
+        .map(str::parse::<fleet_coordinator::placement::Preference>)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let blobs = &coordinator::blobs(data);
     let import = |flag: &str, path: &std::path::Path| {
         fleet_coordinator::push::import_copying(data, blobs, path, targets)
@@ -316,6 +333,8 @@ fn run_request(
         all: r.all,
         place,
         count: r.count,
+        prefer,
+        wait_for_match: r.wait_for_match,
         retry_lost: r.retry_lost,
         program: match &r.program {
             Some(program) => Some(import("--program", program)?),
@@ -474,6 +493,38 @@ fn operate(place: &Place, request: operator::Request) -> Result<operator::Answer
     }
 }
 
+/// One row per node and check; fails (exit 1) naming how many nodes failed a check.
+fn print_checks(checked: &[fleet_coordinator::check::NodeChecks], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(checked)?);
+    } else {
+        println!(
+            "{:<20} {:<12} {:<9} {:<8} DETAIL",
+            "NODE", "NAME", "CHECK", "RESULT"
+        );
+        for node in checked {
+            for row in &node.rows {
+                println!(
+                    "{:<20} {:<12} {:<9} {:<8} {}",
+                    node.node_id,
+                    node.name.as_deref().unwrap_or("-"),
+                    row.check.as_str(),
+                    row.verdict.as_str(),
+                    row.detail
+                );
+            }
+        }
+    }
+    let failed = checked.iter().filter(|n| !n.passed()).count();
+    if failed > 0 {
+        anyhow::bail!(
+            "{failed} of {} node(s) failed a check: see the rows marked fail",
+            checked.len()
+        );
+    }
+    Ok(())
+}
+
 /// Sends an operator's change to a node and reads back the node as it now stands.
 /// Retires or revokes a node and says what became of it.
 fn end_node(place: &Place, node: &str, end: NodeEnd, discard: bool) -> Result<()> {
@@ -572,6 +623,14 @@ fn print_nodes(args: &NodesArgs, nodes: Vec<NodeView>) -> Result<()> {
 const EXIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
+    // Two heartbeats fit in a lease, so one lost beat never loses a node.
+    if args.heartbeat * 2 >= args.lease {
+        anyhow::bail!(
+            "--heartbeat {} is at or above half of --lease {}: a node would be lost between two heartbeats; give --lease more than twice the heartbeat",
+            fleet_cli::duration::human(args.heartbeat),
+            fleet_cli::duration::human(args.lease)
+        );
+    }
     let data = &place.data;
     let coordinator = Arc::new(Coordinator::open_patiently(
         data,

@@ -42,6 +42,8 @@ pub enum Request {
         run: String,
     },
     Replicate(super::runs::ReplicateRequest),
+    /// `check --node N|--all`: each node's acceptance checks, through its session.
+    Check(crate::check::CheckNodes),
     /// `drain --node N [--undrain]`.
     Drain {
         node: String,
@@ -122,6 +124,7 @@ pub enum Answer {
     Collected(Collected),
     Stopped,
     Replicated(Replicated),
+    Checked(Vec<crate::check::NodeChecks>),
     /// A node as an operator's change (`drain`, `label`, `capacity`, `forget`) left it.
     Node(Box<NodeView>),
     /// A node retired or revoked, and how many of its runs ended lost with it.
@@ -174,6 +177,7 @@ pub async fn handle(
             .replicate(&request)
             .await
             .map(Answer::Replicated),
+        Request::Check(request) => coordinator.check_nodes(&request).await.map(Answer::Checked),
         Request::CopyTargets => Ok(Answer::CopyTargets(match address {
             Some(_) => coordinator.copy_targets().await,
             None => crate::push::CopyTargets::default(),
@@ -281,12 +285,13 @@ fn answer(
         Request::Collect { .. }
         | Request::Stop { .. }
         | Request::Replicate(_)
+        | Request::Check(_)
         | Request::AddRelease(_)
         | Request::Update { .. }
         | Request::CopyTargets
         | Request::Run(_) => {
             unreachable!(
-                "run, collect, stop, replicate and copy targets go beyond the store; `handle` answers them"
+                "run, collect, stop, replicate, check and copy targets go beyond the store; `handle` answers them"
             )
         }
     }

@@ -1,6 +1,9 @@
 //! Placement: `run --where EXPR [--count K]` picks nodes by their facts and labels. An expression
 //! is terms joined by `,` (all must hold), each `KEY OP VALUE` with OP one of `=`, `!=`, `>=`,
-//! `<=`, `>`, `<`: `arch=arm64`, `gpus>=1`, `label.pool=lab`, `cap=gpu`, `memory>=8GiB`.
+//! `<=`, `>`, `<`: `arch=arm64`, `gpus>=1`, `gpu.vendor=amd`, `label.pool=lab`, `cap=gpu`,
+//! `memory>=8GiB`, `link>=100MB/s`. A node that never measured its link counts at the rate and
+//! confidence the expression assumes (`assumed_link=RATE`, `assumed_link_confidence=F`;
+//! by default 0 B/s, so no floor is met, at [`ASSUMED_LINK_CONFIDENCE`]).
 use crate::store::NodeRecord;
 use fleet_proto::NodeId;
 use fleet_proto::facts::Facts;
@@ -9,7 +12,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The keys an expression may name, for the message that refuses another.
-const KNOWN: &str = "arch, os, kernel, version, name, cpus, gpus, memory, disk, cap, label.KEY";
+const KNOWN: &str = "arch, os, kernel, version, name, cpus, gpus, gpu.vendor, gpu.arch, memory, disk, link, link_confidence, assumed_link, assumed_link_confidence, cap, label.KEY";
+
+/// What a guess about a path never measured is worth: less than a node's own reading (0.9).
+pub const ASSUMED_LINK_CONFIDENCE: f64 = 0.5;
 
 /// A parsed `--where` expression; on the wire, its text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +45,15 @@ enum Key {
     /// Bytes, with an optional unit (KiB, MiB, GiB, TiB, or KB, MB, GB, TB).
     Memory,
     Disk,
+    /// Any of its GPUs is of this vendor (`nvidia`, `amd`, `intel`), or of this arch (`gfx1201`).
+    GpuVendor,
+    GpuArch,
+    /// The measured link, a rate (`100MB/s`, `1Gbit/s`), and the confidence of its reading (0 to 1).
+    Link,
+    LinkConfidence,
+    /// What a node that never measured its link counts as: not a test, always holds.
+    AssumedLink,
+    AssumedLinkConfidence,
     /// A capability: `gpu` when the machine has an accelerator, and each name in its label
     /// `caps` (a comma-separated list, `token --label caps=build,docker`).
     Cap,
@@ -86,7 +101,87 @@ impl Selector {
     /// Whether the node's facts and labels satisfy every term. A node that has not reported its
     /// facts yet matches only terms on its name and labels.
     pub fn matches(&self, node: &impl Described) -> bool {
-        self.terms.iter().all(|t| t.matches(node))
+        let assumed = self.assumed_link();
+        self.terms.iter().all(|t| t.matches(node, assumed))
+    }
+
+    /// The link a node that never measured one counts at: bytes a second and confidence.
+    pub fn assumed_link(&self) -> Link {
+        let term = |key: Key| self.terms.iter().find(|t| t.key == key);
+        Link {
+            bytes_per_s: term(Key::AssumedLink)
+                .and_then(|t| rate(&t.value))
+                .unwrap_or(0),
+            confidence: (term(Key::AssumedLinkConfidence))
+                .and_then(|t| confidence(&t.value))
+                .unwrap_or(ASSUMED_LINK_CONFIDENCE),
+        }
+    }
+}
+
+/// A node's link as placement weighs it: measured, or assumed for one never measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    pub bytes_per_s: u64,
+    pub confidence: f64,
+}
+
+/// The node's measured link, else `assumed`; None before it reported any facts.
+pub fn link_of(node: &impl Described, assumed: Link) -> Option<Link> {
+    let facts = node.facts()?;
+    Some(match &facts.measured_link {
+        Some(m) => Link {
+            bytes_per_s: m.bytes_per_s,
+            confidence: m.confidence,
+        },
+        None => assumed,
+    })
+}
+
+/// What orders the matching nodes before the least loaded (`run --prefer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Preference {
+    /// The fastest link first (measured, or as the expression assumes).
+    Link,
+    /// The nodes already holding the run's program or image (and inputs) first.
+    Content,
+}
+
+impl std::str::FromStr for Preference {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Preference, String> {
+        match text {
+            "link" => Ok(Preference::Link),
+            "content" => Ok(Preference::Content),
+            other => Err(format!(
+                "--prefer {other:?} is not known: prefer link or content"
+            )),
+        }
+    }
+}
+
+/// Reorders `matching` (least loaded first) by `preference`, keeping the load order among
+/// equals: the fastest link first, or the most of `content` already held first.
+pub fn prefer(
+    matching: &mut [(u64, &NodeRecord)],
+    preference: Preference,
+    selector: &Selector,
+    content: &[fleet_proto::Digest],
+) {
+    match preference {
+        Preference::Link => {
+            let assumed = selector.assumed_link();
+            let speed = |n: &NodeRecord| link_of(n, assumed).map_or(0, |l| l.bytes_per_s);
+            matching.sort_by_key(|(_, n)| std::cmp::Reverse(speed(n)));
+        }
+        Preference::Content => {
+            let held = |n: &NodeRecord| {
+                let inventory = n.facts.as_ref().and_then(|f| f.content.as_ref());
+                inventory.map_or(0, |i| content.iter().filter(|d| i.holds(d)).count())
+            };
+            matching.sort_by_key(|(_, n)| std::cmp::Reverse(held(n)));
+        }
     }
 }
 
@@ -164,6 +259,12 @@ impl Term {
             "gpus" => Key::Gpus,
             "memory" => Key::Memory,
             "disk" => Key::Disk,
+            "gpu.vendor" => Key::GpuVendor,
+            "gpu.arch" => Key::GpuArch,
+            "link" => Key::Link,
+            "link_confidence" => Key::LinkConfidence,
+            "assumed_link" => Key::AssumedLink,
+            "assumed_link_confidence" => Key::AssumedLinkConfidence,
             "cap" => Key::Cap,
             k if k.starts_with("label.") && k.len() > "label.".len() => {
                 Key::Label(k["label.".len()..].to_string())
@@ -174,7 +275,31 @@ impl Term {
                 ));
             }
         };
+        match key {
+            Key::Link | Key::AssumedLink if rate(value).is_none() => {
+                return Err(format!(
+                    "--where term {part:?}: {value:?} is not a rate: write bytes or bits a second, such as 100MB/s, 50MiB/s or 1Gbit/s"
+                ));
+            }
+            Key::LinkConfidence | Key::AssumedLinkConfidence if confidence(value).is_none() => {
+                return Err(format!(
+                    "--where term {part:?}: {value:?} is not a confidence: write a number from 0 to 1, such as 0.5"
+                ));
+            }
+            Key::AssumedLink | Key::AssumedLinkConfidence if op != Op::Eq => {
+                return Err(format!(
+                    "--where term {part:?}: an assumption is set with =, such as assumed_link=20MB/s"
+                ));
+            }
+            Key::GpuVendor => {
+                value
+                    .parse::<fleet_proto::facts::GpuVendor>()
+                    .map_err(|e| format!("--where term {part:?}: {e}"))?;
+            }
+            _ => {}
+        }
         let numeric = matches!(key, Key::Cpus | Key::Gpus | Key::Memory | Key::Disk);
+        let measured = matches!(key, Key::Link | Key::LinkConfidence);
         if numeric && quantity(value).is_none() {
             return Err(format!(
                 "--where term {part:?}: {value:?} is not a number{}",
@@ -184,9 +309,9 @@ impl Term {
                 }
             ));
         }
-        if !numeric && !matches!(op, Op::Eq | Op::Ne) {
+        if !numeric && !measured && !matches!(op, Op::Eq | Op::Ne) {
             return Err(format!(
-                "--where term {part:?}: only = and != compare text; >, <, >= and <= are for cpus, gpus, memory and disk"
+                "--where term {part:?}: only = and != compare text; >, <, >= and <= are for cpus, gpus, memory, disk, link and link_confidence"
             ));
         }
         Ok(Term {
@@ -196,8 +321,25 @@ impl Term {
         })
     }
 
-    fn matches(&self, node: &impl Described) -> bool {
+    fn matches(&self, node: &impl Described, assumed: Link) -> bool {
         let facts = node.facts();
+        let compare = |ordering: Option<std::cmp::Ordering>| {
+            use std::cmp::Ordering::*;
+            match (self.op, ordering) {
+                (_, None) => false,
+                (Op::Eq, Some(o)) => o == Equal,
+                (Op::Ne, Some(o)) => o != Equal,
+                (Op::Ge, Some(o)) => o != Less,
+                (Op::Le, Some(o)) => o != Greater,
+                (Op::Gt, Some(o)) => o == Greater,
+                (Op::Lt, Some(o)) => o == Less,
+            }
+        };
+        let gpu_has = |has: &dyn Fn(&fleet_proto::facts::Accelerator) -> bool| {
+            let any = facts.is_some_and(|f| f.accelerators.iter().any(has));
+            if self.op == Op::Eq { any } else { !any }
+        };
+        let link = link_of(node, assumed);
         let text = |have: Option<&str>| {
             let equal = have == Some(self.value.as_str());
             if self.op == Op::Eq { equal } else { !equal }
@@ -229,6 +371,17 @@ impl Term {
             Key::Gpus => number(facts.map(|f| f.accelerators.len() as u64)),
             Key::Memory => number(facts.map(|f| f.memory_bytes)),
             Key::Disk => number(facts.map(|f| f.disk_free_bytes)),
+            Key::GpuVendor => gpu_has(&|g| g.vendor.as_str() == self.value),
+            Key::GpuArch => gpu_has(&|g| g.arch.as_deref() == Some(self.value.as_str())),
+            Key::Link => compare(
+                link.zip(rate(&self.value))
+                    .map(|(l, want)| l.bytes_per_s.cmp(&want)),
+            ),
+            Key::LinkConfidence => compare(
+                link.zip(confidence(&self.value))
+                    .and_then(|(l, want)| l.confidence.partial_cmp(&want)),
+            ),
+            Key::AssumedLink | Key::AssumedLinkConfidence => true,
             Key::Cap => {
                 let has = capabilities(facts, node).any(|c| c == self.value);
                 if self.op == Op::Eq { has } else { !has }
@@ -261,6 +414,26 @@ fn canonical_arch(arch: &str) -> &str {
         "amd64" => "x86_64",
         other => other,
     }
+}
+
+/// Bytes a second: a byte quantity or bits (`kbit`, `Mbit`, `Gbit`) followed by `/s`.
+fn rate(text: &str) -> Option<u64> {
+    let per_s = text.trim().strip_suffix("/s")?;
+    for (unit, bits) in [
+        ("kbit", 1_000u64),
+        ("Mbit", 1_000_000),
+        ("Gbit", 1_000_000_000),
+    ] {
+        if let Some(n) = per_s.strip_suffix(unit) {
+            return n.trim().parse::<u64>().ok()?.checked_mul(bits / 8);
+        }
+    }
+    quantity(per_s)
+}
+
+/// A confidence: a number from 0 to 1.
+fn confidence(text: &str) -> Option<f64> {
+    text.parse::<f64>().ok().filter(|c| (0.0..=1.0).contains(c))
 }
 
 /// A count, or bytes with a binary or decimal unit.
@@ -298,6 +471,12 @@ impl fmt::Display for Selector {
                 Key::Gpus => "gpus".into(),
                 Key::Memory => "memory".into(),
                 Key::Disk => "disk".into(),
+                Key::GpuVendor => "gpu.vendor".into(),
+                Key::GpuArch => "gpu.arch".into(),
+                Key::Link => "link".into(),
+                Key::LinkConfidence => "link_confidence".into(),
+                Key::AssumedLink => "assumed_link".into(),
+                Key::AssumedLinkConfidence => "assumed_link_confidence".into(),
                 Key::Cap => "cap".into(),
                 Key::Label(k) => format!("label.{k}"),
             };
@@ -351,11 +530,15 @@ mod tests {
                         uuid: format!("GPU-{i}"),
                         memory_mib: 143_771,
                         driver: "550".into(),
+                        vendor: Default::default(),
+                        arch: None,
                     })
                     .collect(),
                 max_runs: None,
                 measured_link: None,
                 release: None,
+                engine: None,
+                content: None,
             }),
             joined_at_ms: 0,
             last_heartbeat_ms: None,
@@ -415,7 +598,7 @@ mod tests {
         let err = |t| Selector::parse(t).unwrap_err();
         assert_eq!(
             err("colour=red"),
-            "--where names \"colour\", which is not a fact: the keys are arch, os, kernel, version, name, cpus, gpus, memory, disk, cap, label.KEY"
+            "--where names \"colour\", which is not a fact: the keys are arch, os, kernel, version, name, cpus, gpus, gpu.vendor, gpu.arch, memory, disk, link, link_confidence, assumed_link, assumed_link_confidence, cap, label.KEY"
         );
         assert!(err("arch").contains("has no operator"), "{}", err("arch"));
         assert!(err("gpus>=many").contains("is not a number"));
@@ -427,5 +610,105 @@ mod tests {
         for e in [err("colour=red"), err("arch"), err("gpus>=many")] {
             assert_eq!(e.lines().count(), 1);
         }
+    }
+
+    fn with_link(mut n: NodeRecord, bytes_per_s: Option<u64>) -> NodeRecord {
+        let facts = n.facts.as_mut().unwrap();
+        facts.measured_link = bytes_per_s.map(|b| fleet_proto::facts::MeasuredLink {
+            bytes_per_s: b,
+            age_ms: 0,
+            valid_for_ms: 3_600_000,
+            confidence: 0.9,
+            basis: "whole_copy".into(),
+        });
+        n
+    }
+
+    #[test]
+    fn the_link_is_the_measured_rate_or_the_one_the_expression_assumes() {
+        let slow = with_link(node("x86_64", 0, &[]), Some(10_000_000));
+        let fast = with_link(node("x86_64", 0, &[]), Some(100_000_000));
+        let never = with_link(node("x86_64", 0, &[]), None);
+        assert!(!matches("link>=50MB/s", &slow) && matches("link>=50MB/s", &fast));
+        assert!(matches("link<50MB/s", &slow) && matches("link>=800Mbit/s", &fast));
+        assert!(matches("link>=95MiB/s", &fast) && !matches("link>=96MiB/s", &fast));
+        assert!(
+            !matches("link>=50MB/s", &never),
+            "never measured: 0 B/s by default"
+        );
+        assert!(matches("link>=50MB/s,assumed_link=60MB/s", &never));
+        assert!(
+            !matches("link>=50MB/s,assumed_link=60MB/s", &slow),
+            "a reading beats a guess"
+        );
+        assert!(matches("link_confidence>=0.9", &fast) && !matches("link_confidence>0.9", &fast));
+        assert!(!matches("link_confidence>=0.6", &never), "assumed at 0.5");
+        assert!(matches(
+            "link_confidence>=0.6,assumed_link_confidence=0.7",
+            &never
+        ));
+        let mut blank = never.clone();
+        blank.facts = None;
+        assert!(!matches("link<50MB/s", &blank), "no facts, no link");
+    }
+
+    #[test]
+    fn gpus_are_chosen_by_vendor_and_arch() {
+        use fleet_proto::facts::GpuVendor;
+        let mut amd = node("x86_64", 1, &[]);
+        let gpu = &mut amd.facts.as_mut().unwrap().accelerators[0];
+        (gpu.vendor, gpu.arch) = (GpuVendor::Amd, Some("gfx1201".into()));
+        let nvidia = node("x86_64", 2, &[]);
+        let none = node("x86_64", 0, &[]);
+        assert!(matches("gpu.vendor=amd,gpu.arch=gfx1201,gpus>=1", &amd));
+        assert!(!matches("gpu.vendor=amd", &nvidia) && matches("gpu.vendor=nvidia", &nvidia));
+        assert!(!matches("gpu.arch=gfx942", &amd) && matches("gpu.arch!=gfx942", &amd));
+        assert!(matches("gpu.vendor!=amd", &none) && !matches("gpu.vendor=intel", &none));
+    }
+
+    #[test]
+    fn a_preference_orders_the_matching_before_the_load() {
+        let mut a = with_link(node("x86_64", 0, &[]), Some(10_000_000));
+        a.id = NodeId::new("n-a");
+        let mut b = with_link(node("x86_64", 0, &[]), Some(100_000_000));
+        b.id = NodeId::new("n-b");
+        let program = fleet_proto::Digest::of(b"program");
+        a.facts.as_mut().unwrap().content =
+            Some(fleet_proto::facts::ContentInventory::of([program], 0));
+        let selector = Selector::parse("arch=x86_64").unwrap();
+        let order = |preference| {
+            let mut matching = vec![(0, &a), (3, &b)];
+            prefer(&mut matching, preference, &selector, &[program]);
+            matching
+                .iter()
+                .map(|(_, n)| n.id.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(Preference::Link), ["n-b", "n-a"]);
+        assert_eq!(order(Preference::Content), ["n-a", "n-b"]);
+        assert_eq!(
+            "fastest".parse::<Preference>().unwrap_err(),
+            "--prefer \"fastest\" is not known: prefer link or content"
+        );
+    }
+
+    #[test]
+    fn a_bad_rate_vendor_or_confidence_is_one_line() {
+        let err = |t| Selector::parse(t).unwrap_err();
+        assert!(
+            err("link>=100MB").contains("is not a rate"),
+            "{}",
+            err("link>=100MB")
+        );
+        assert!(err("link>=fast/s").contains("is not a rate"));
+        assert!(err("link_confidence>=2").contains("from 0 to 1"));
+        assert!(err("gpu.vendor=matrox").contains("the vendors are nvidia, amd, intel"));
+        assert!(err("gpu.arch>gfx9").contains("only = and != compare text"));
+        assert!(err("assumed_link>=1MB/s").contains("is set with ="));
+        for e in [err("link>=100MB"), err("gpu.vendor=matrox")] {
+            assert_eq!(e.lines().count(), 1);
+        }
+        let text = "link>=100MB/s,link_confidence>=0.5,assumed_link=20MB/s,gpu.vendor=amd";
+        assert_eq!(Selector::parse(text).unwrap().to_string(), text);
     }
 }

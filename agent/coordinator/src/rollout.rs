@@ -573,6 +573,8 @@ mod tests {
                 max_runs: None,
                 measured_link: None,
                 release: Some(ReleaseFacts { sequence, update }),
+                engine: None,
+                content: None,
             }),
             error: None,
             runs_out: 0,

@@ -32,6 +32,12 @@ pub struct RunRequest {
     /// How many matching nodes `place` picks (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
+    /// What orders the matching nodes before the least loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<crate::placement::Preference>,
+    /// With `place` (not `all`): when no node matches now, queue for a match rather than refuse.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait_for_match: bool,
     /// The program to stage and run, by digest, already in the coordinator's blob store
     /// ([`fleet_content::Blobs::import`]); or else `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,6 +227,11 @@ fn unexpected(row: &RunRow, what: &str, reply: &Reply) -> CoordinatorError {
     ))
 }
 
+/// The manifest digest an image reference names (`HOST/REPO@sha256:HEX`).
+fn image_digest(image: &str) -> Option<Digest> {
+    Digest::parse(image.rsplit_once('@')?.1).ok()
+}
+
 /// A run id nobody knows, or one that cannot be a run id at all.
 fn no_run(run: &str) -> CoordinatorError {
     CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
@@ -358,7 +369,7 @@ impl Coordinator {
         };
         let nodes = self.store().nodes()?;
         let selected: Vec<NodeId> = match (&request.node, request.all, &request.place) {
-            (None, all, Some(place)) => self.place(&nodes, place, all, request.count)?,
+            (None, _, Some(place)) => self.place(&nodes, place, request)?,
             (Some(_), _, Some(_)) => {
                 return Err(bad("pass --node N or --where EXPR, not both".into()));
             }
@@ -463,28 +474,37 @@ impl Coordinator {
     }
 
     /// The nodes `place` picks: joined, not drained, matching; with `all` every one, else
-    /// `count` (default 1) of them, those holding the fewest runs first, and [`unplaced`] for
-    /// each one asked for beyond those that match (queued for a match).
+    /// `count` (default 1) of them, ordered by the request's preference, then those holding the
+    /// fewest runs first, and [`unplaced`] for each one asked for beyond those that match (queued
+    /// for a match). None matching refuses the request, unless it waits for a match.
     ///
     /// [`unplaced`]: crate::store::unplaced
     fn place(
         &self,
         nodes: &[NodeRecord],
         place: &crate::placement::Selector,
-        all: bool,
-        count: Option<u32>,
+        request: &RunRequest,
     ) -> Result<Vec<NodeId>, CoordinatorError> {
         let out = self.store().runs_out()?;
-        let matching = crate::placement::candidates(nodes, &out, place, now_ms());
-        if all && matching.is_empty() {
+        let mut matching = crate::placement::candidates(nodes, &out, place, now_ms());
+        if matching.is_empty() && (request.all || !request.wait_for_match) {
+            let advice = match request.all {
+                true => "widen the expression",
+                false => "widen the expression, or pass --wait-for-match to queue for one",
+            };
             return Err(CoordinatorError::Request(format!(
-                "0 of {} nodes match --where {place} (joined and not draining): widen the expression",
+                "0 of {} nodes match --where {place} (joined and not draining): {advice}",
                 nodes.len()
             )));
         }
-        let wanted = match all {
+        if let Some(preference) = request.prefer {
+            let mut content = request.content();
+            content.extend(request.image.as_deref().and_then(image_digest));
+            crate::placement::prefer(&mut matching, preference, place, &content);
+        }
+        let wanted = match request.all {
             true => matching.len(),
-            false => count.unwrap_or(1) as usize,
+            false => request.count.unwrap_or(1) as usize,
         };
         // Asked for more than match now: the rest wait, queued for a match.
         let queued = wanted.saturating_sub(matching.len());

@@ -614,5 +614,7 @@ fn facts(capacity: Option<u32>, release: &ReleaseFacts) -> Facts {
         max_runs: capacity,
         measured_link: None,
         release: Some(release.clone()),
+        engine: None,
+        content: None,
     }
 }

@@ -223,7 +223,8 @@ fn open_node(config: &AgentConfig, node_id: &fleet_proto::NodeId) -> Result<Node
         &config.state.join("docker"),
         node_id.as_str(),
     );
-    let node = Node::open(&config.state, Arc::new(runtime))?;
+    let node = Node::open(&config.state, Arc::new(runtime))?
+        .with_run_store(config.facts.run_store.clone());
     let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
     if !report.events.is_empty() {
         tracing::info!(

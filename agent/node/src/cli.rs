@@ -38,9 +38,15 @@ pub struct AgentArgs {
     /// commands are refused
     #[arg(long)]
     pub artifact_root: Option<PathBuf>,
-    /// The tool that lists accelerators
+    /// The tool that lists NVIDIA's GPUs
     #[arg(long, default_value = "nvidia-smi")]
     pub accelerator_tool: PathBuf,
+    /// The tool that names AMD's GPUs, where it is installed (the kernel's files list them)
+    #[arg(long, default_value = "rocm-smi")]
+    pub rocm_tool: PathBuf,
+    /// The root of the kernel's reports, where AMD's and Intel's GPUs are read from
+    #[arg(long, default_value = "/sys")]
+    pub sysfs_root: PathBuf,
     /// How many runs this machine takes at once, as it tells the coordinator (default: one per
     /// CPU); the coordinator queues the rest
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]

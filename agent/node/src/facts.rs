@@ -1,16 +1,13 @@
-//! Gathering what a machine is: architecture, CPUs, memory, free disk under the run store, kernel, OS,
-//! agent version and accelerators (from `nvidia-smi`, whose path is configurable).
-use fleet_proto::facts::{Accelerator, Facts};
+//! Gathering what a machine is: architecture, CPUs, memory, free disk under the run store, kernel,
+//! OS, agent version, GPUs ([`crate::gpus`]), the container engine and the content on hand.
+use crate::gpus::GpuSources;
+use crate::node::Node;
+use fleet_proto::facts::Facts;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
 
-pub const NVIDIA_SMI_ARGS: [&str; 2] = [
-    "--query-gpu=index,name,uuid,memory.total,driver_version",
-    "--format=csv,noheader,nounits",
-];
-
-/// Gathers the facts; a missing or failing accelerator tool means "no accelerators", never a crash.
-pub async fn collect(run_store: &Path, accelerator_tool: &Path) -> Facts {
+/// Gathers the machine's own facts; a missing or failing GPU source means "no GPUs", never a crash.
+pub async fn collect(run_store: &Path, gpus: &GpuSources) -> Facts {
     Facts {
         arch: std::env::consts::ARCH.to_string(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -23,9 +20,11 @@ pub async fn collect(run_store: &Path, accelerator_tool: &Path) -> Facts {
             .into_owned(),
         os: os_name().unwrap_or_else(|| "unknown".into()),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
-        accelerators: accelerators(accelerator_tool).await,
+        accelerators: gpus.accelerators().await,
         measured_link: None,
         release: None,
+        engine: None,
+        content: None,
     }
 }
 
@@ -37,7 +36,7 @@ fn mem_total() -> Option<u64> {
 }
 
 /// Free bytes on the filesystem that holds (or will hold) the run store.
-fn disk_free(run_store: &Path) -> Option<u64> {
+pub fn disk_free(run_store: &Path) -> Option<u64> {
     let existing = run_store.ancestors().find(|p| p.exists())?;
     let st = rustix::fs::statvfs(existing).ok()?;
     Some(st.f_bavail * st.f_frsize)
@@ -53,71 +52,11 @@ fn os_name() -> Option<String> {
     field("PRETTY_NAME=").or_else(|| field("NAME="))
 }
 
-async fn accelerators(tool: &Path) -> Vec<Accelerator> {
-    let run = tokio::process::Command::new(tool)
-        .args(NVIDIA_SMI_ARGS)
-        .kill_on_drop(true)
-        .output();
-    match tokio::time::timeout(Duration::from_secs(10), run).await {
-        Ok(Ok(out)) if out.status.success() => {
-            parse_nvidia_smi(&String::from_utf8_lossy(&out.stdout))
-        }
-        Ok(Ok(out)) => {
-            tracing::warn!(tool = %tool.display(), status = %out.status, "the accelerator tool failed; reporting no accelerators");
-            Vec::new()
-        }
-        Ok(Err(e)) => {
-            tracing::info!(tool = %tool.display(), error = %e, "no accelerator tool; reporting no accelerators");
-            Vec::new()
-        }
-        Err(_) => {
-            tracing::warn!(tool = %tool.display(), "the accelerator tool hung for 10 s; reporting no accelerators");
-            Vec::new()
-        }
-    }
-}
-
-/// Parses `index, name, uuid, memory.total, driver_version` lines; skips lines it cannot read.
-pub fn parse_nvidia_smi(csv: &str) -> Vec<Accelerator> {
-    csv.lines()
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split(',').map(str::trim).collect();
-            let [index, name, uuid, memory, driver] = cols.as_slice() else {
-                return None;
-            };
-            Some(Accelerator {
-                index: index.parse().ok()?,
-                name: name.to_string(),
-                uuid: uuid.to_string(),
-                memory_mib: memory.parse().ok()?,
-                driver: driver.to_string(),
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_nvidia_smi_csv() {
-        let got = parse_nvidia_smi(
-            "0, NVIDIA H100 80GB HBM3, GPU-aaaa, 81559, 550.54.15\n\
-             garbage line\n\
-             1, NVIDIA H100 80GB HBM3, GPU-bbbb, 81559, 550.54.15\n",
-        );
-        assert_eq!(got.len(), 2);
-        assert_eq!(got[1].uuid, "GPU-bbbb");
-        assert_eq!(got[0].memory_mib, 81559);
-    }
-}
-
 /// Where the facts come from on this machine.
 #[derive(Debug, Clone)]
 pub struct FactsSource {
     pub run_store: std::path::PathBuf,
-    pub accelerator_tool: std::path::PathBuf,
+    pub gpus: GpuSources,
     /// Artifact copies timed on this machine.
     pub link: std::sync::Arc<LinkMeter>,
     /// `--max-runs`: how many runs it takes at once (None: one per CPU).
@@ -127,8 +66,16 @@ pub struct FactsSource {
 }
 
 impl FactsSource {
-    pub async fn collect(&self) -> Facts {
-        let mut facts = collect(&self.run_store, &self.accelerator_tool).await;
+    /// The machine's facts with what `node` holds: its engine and its content.
+    pub async fn collect(&self, node: &Arc<Node>) -> Facts {
+        let mut facts = collect(&self.run_store, &self.gpus).await;
+        let held = node.clone();
+        // The engine's answers and the store's listings block.
+        if let Ok((engine, content)) =
+            tokio::task::spawn_blocking(move || (held.runtime.engine(), held.inventory())).await
+        {
+            (facts.engine, facts.content) = (engine, Some(content));
+        }
         // One run per CPU unless told otherwise: the coordinator queues the rest.
         facts.max_runs = Some(self.max_runs.unwrap_or(facts.cpus.max(1) as u32));
         facts.measured_link = self.link.published(std::time::Instant::now());

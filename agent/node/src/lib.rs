@@ -5,10 +5,12 @@
 //! `runtime` (the `Runtime` trait and the process runtime), `state` (the node's store).
 pub mod agent;
 pub mod backoff;
+pub mod check;
 pub mod content;
 pub mod dial;
 pub mod ended;
 pub mod facts;
+pub mod gpus;
 pub mod identity;
 pub mod join;
 pub mod node;

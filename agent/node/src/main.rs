@@ -33,7 +33,11 @@ fn run_agent(args: AgentArgs) -> Result<()> {
         cloud_root: args.cloud_root,
         facts: FactsSource {
             run_store: args.run_store,
-            accelerator_tool: args.accelerator_tool,
+            gpus: fleet_agent::gpus::GpuSources {
+                nvidia_tool: args.accelerator_tool,
+                rocm_tool: args.rocm_tool,
+                sysfs: args.sysfs_root,
+            },
             link: Default::default(),
             max_runs: args.max_runs,
             releases: None,

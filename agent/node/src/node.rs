@@ -44,6 +44,8 @@ pub struct Node {
     pruned_at: std::sync::Mutex<Option<Instant>>,
     /// Where its releases live; None refuses updates.
     pub releases: Option<crate::update::Releases>,
+    /// The run store, whose disk the checks measure (the content store's when None).
+    run_store: Option<PathBuf>,
     /// Whether a session is open now (what a new release's trial waits for).
     pub in_session: std::sync::atomic::AtomicBool,
     /// Told when the facts changed outside a session's reading of them (a release kept).
@@ -71,6 +73,7 @@ impl Node {
             fetching: Default::default(),
             pruned_at: Default::default(),
             releases: None,
+            run_store: None,
             in_session: Default::default(),
             facts_changed: Default::default(),
         })
@@ -86,6 +89,24 @@ impl Node {
     ) -> Node {
         self.content = Some(content);
         self.artifacts = artifact_root.map(|root| (Blobs::new(root), meter));
+        self
+    }
+
+    /// The digests on hand: content fetched, programs staged, the engine's images.
+    pub fn inventory(&self) -> fleet_proto::facts::ContentInventory {
+        let held = self.runtime.held();
+        let fetched = self
+            .blobs
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(d, _)| d);
+        fleet_proto::facts::ContentInventory::of(fetched.chain(held.digests), held.images)
+    }
+
+    /// Measures the run store's disk in its checks.
+    pub fn with_run_store(mut self, run_store: PathBuf) -> Node {
+        self.run_store = Some(run_store);
         self
     }
 
@@ -172,6 +193,15 @@ impl Node {
                     "this agent runs without an install folder (--install-dir): it cannot update itself",
                 )),
             },
+            Command::Check(request) => Ok(Reply::Checked {
+                rows: crate::check::run(
+                    request,
+                    self.runtime.as_ref(),
+                    &self.blobs,
+                    self.run_store.as_deref().unwrap_or(self.blobs.root()),
+                ),
+                clock_ms: fleet_proto::clock::now_ms(),
+            }),
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
                 "facts are answered by the session",
@@ -256,9 +286,12 @@ impl Node {
                 ),
             ));
         };
-        tokio::runtime::Handle::current()
+        let fetched = tokio::runtime::Handle::current()
             .block_on(link.fetch(digest))
-            .map_err(content_refused)
+            .map_err(content_refused)?;
+        // New content on hand: the session sends the inventory again.
+        self.facts_changed.notify_one();
+        Ok(fetched)
     }
 
     fn stage(&self, digest: &Digest) -> Answer {
@@ -330,10 +363,16 @@ impl Node {
             registry_auth: start.registry_auth.clone(),
         };
         match self.runtime.start(&spec) {
-            Ok(started) => Ok(Reply::Started {
-                run_id: run_id.clone(),
-                already: started == Started::Already,
-            }),
+            Ok(started) => {
+                if matches!(spec.workload, Workload::Image(_)) {
+                    // The engine holds the image now: the session sends the inventory again.
+                    self.facts_changed.notify_one();
+                }
+                Ok(Reply::Started {
+                    run_id: run_id.clone(),
+                    already: started == Started::Already,
+                })
+            }
             Err(e) => self.fail_run(start, refused(e)),
         }
     }

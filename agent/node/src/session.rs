@@ -342,7 +342,7 @@ impl Session<'_> {
         started: tokio::time::Instant,
     ) -> Ended {
         let facts = Up::Facts {
-            facts: self.facts.collect().await,
+            facts: self.facts.collect(self.node).await,
         };
         if let Err(e) = protocol::write_msg(writer, &facts).await {
             return e.into();
@@ -390,7 +390,7 @@ impl Session<'_> {
                 }
                 _ = tokio::time::sleep_until(renew_at) => return Ended::Renew,
                 _ = self.node.facts_changed.notified() => {
-                    let facts = Up::Facts { facts: self.facts.collect().await };
+                    let facts = Up::Facts { facts: self.facts.collect(self.node).await };
                     if let Err(e) = protocol::write_msg(writer, &facts).await {
                         return e.into();
                     }
@@ -476,9 +476,10 @@ impl Session<'_> {
                     }
                     Holds::Nothing
                 }
-                Command::Facts | Command::Replicate { .. } | Command::Update { .. } => {
-                    Holds::Nothing
-                }
+                Command::Facts
+                | Command::Replicate { .. }
+                | Command::Update { .. }
+                | Command::Check(_) => Holds::Nothing,
             };
             if working.tasks.len() >= MAX_WORKING {
                 return;
@@ -543,7 +544,7 @@ impl Session<'_> {
         writer: &mut W,
         op: OpId,
     ) -> Result<(), Ended> {
-        let facts = self.facts.collect().await;
+        let facts = self.facts.collect(self.node).await;
         protocol::write_msg(writer, &Up::Facts { facts }).await?;
         let answer = Ok(Reply::FactsSent);
         protocol::write_msg(writer, &Up::Result { op, answer }).await?;

@@ -22,6 +22,66 @@ pub struct Facts {
     /// The release it runs and how its last update went; absent from agents before releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<crate::release::ReleaseFacts>,
+    /// The container engine images run on; absent from agents before engine facts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineFacts>,
+    /// The content already on the machine; absent from agents before inventories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<ContentInventory>,
+}
+
+/// The container engine as the agent last reached it: which, which version, which API, or why
+/// it could not be reached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineFacts {
+    /// `docker`: the only engine the agent drives.
+    pub name: String,
+    pub reachable: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The API version the agent speaks with it (negotiated down to the engine's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Why it could not be reached, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The digests a machine holds: its programs and content, and its engine's images (by their
+/// manifest digests). At most [`ContentInventory::CAP`] are listed; `total` counts them all.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ContentInventory {
+    pub digests: Vec<crate::Digest>,
+    /// How many digests the machine holds, listed or not.
+    pub total: u64,
+    /// Of those, how many are engine images.
+    #[serde(default)]
+    pub images: u64,
+}
+
+impl ContentInventory {
+    /// The most digests one facts message lists: 512 of them are about 36 KiB of JSON.
+    pub const CAP: usize = 512;
+
+    /// The inventory of `held` (deduplicated, sorted), listing at most [`Self::CAP`].
+    pub fn of(held: impl IntoIterator<Item = crate::Digest>, images: u64) -> ContentInventory {
+        let all: std::collections::BTreeSet<crate::Digest> = held.into_iter().collect();
+        ContentInventory {
+            total: all.len() as u64,
+            images,
+            digests: all.into_iter().take(Self::CAP).collect(),
+        }
+    }
+
+    /// Whether the listed digests hold `digest` (an inventory over its cap may hold more).
+    pub fn holds(&self, digest: &crate::Digest) -> bool {
+        self.digests.binary_search(digest).is_ok()
+    }
+
+    /// Whether some digests were left out for the cap.
+    pub fn truncated(&self) -> bool {
+        self.total > self.digests.len() as u64
+    }
 }
 
 /// How fast this machine really copied an artifact: the path, its disk and the hash together,
@@ -46,4 +106,55 @@ pub struct Accelerator {
     pub uuid: String,
     pub memory_mib: u64,
     pub driver: String,
+    /// Who made it; agents before other vendors reported NVIDIA's alone.
+    #[serde(default)]
+    pub vendor: GpuVendor,
+    /// The instruction set it runs, where one names it: AMD's `gfx` target (`gfx1201`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+}
+
+/// A GPU's maker, as `--where gpu.vendor=` names it.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuVendor {
+    #[default]
+    Nvidia,
+    Amd,
+    Intel,
+}
+
+impl GpuVendor {
+    pub const ALL: [GpuVendor; 3] = [GpuVendor::Nvidia, GpuVendor::Amd, GpuVendor::Intel];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuVendor::Nvidia => "nvidia",
+            GpuVendor::Amd => "amd",
+            GpuVendor::Intel => "intel",
+        }
+    }
+
+    /// The PCI vendor id the kernel reports for it.
+    pub fn pci_id(self) -> u16 {
+        match self {
+            GpuVendor::Nvidia => 0x10de,
+            GpuVendor::Amd => 0x1002,
+            GpuVendor::Intel => 0x8086,
+        }
+    }
+}
+
+impl std::str::FromStr for GpuVendor {
+    type Err = String;
+    fn from_str(text: &str) -> Result<GpuVendor, String> {
+        GpuVendor::ALL
+            .into_iter()
+            .find(|v| v.as_str() == text)
+            .ok_or_else(|| {
+                format!("{text:?} is not a GPU vendor: the vendors are nvidia, amd, intel")
+            })
+    }
 }

@@ -23,6 +23,7 @@ macro_rules! serde_as_text {
     };
 }
 
+pub mod check;
 pub mod clock;
 pub mod dial;
 pub mod facts;

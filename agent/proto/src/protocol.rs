@@ -242,6 +242,9 @@ pub enum Command {
     Update {
         release: crate::release::ReleaseOffer,
     },
+    /// Run the acceptance checks on itself and answer each (an agent before checks refuses the
+    /// command as malformed).
+    Check(crate::check::CheckRequest),
 }
 
 /// A read minted for one fetch: the node holds no standing credential to any store.
@@ -323,6 +326,12 @@ pub enum Reply {
     Updating {
         from: u64,
         to: u64,
+    },
+    /// The checks' rows, and the node's clock as it answered (Unix ms) for the coordinator to
+    /// compare with its own.
+    Checked {
+        rows: Vec<crate::check::CheckRow>,
+        clock_ms: u64,
     },
 }
 

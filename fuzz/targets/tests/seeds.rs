@@ -141,6 +141,8 @@ fn facts() -> Facts {
             uuid: "GPU-8f3a".into(),
             memory_mib: 143_771,
             driver: "550.54.15".into(),
+            vendor: Default::default(),
+            arch: None,
         }],
         max_runs: Some(16),
         measured_link: Some(MeasuredLink {
@@ -151,6 +153,8 @@ fn facts() -> Facts {
             basis: "whole_copy".into(),
         }),
         release: None,
+        engine: None,
+        content: None,
     }
 }
 

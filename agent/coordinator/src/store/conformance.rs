@@ -216,6 +216,8 @@ fn facts(arch: &str, cpus: usize) -> fleet_proto::facts::Facts {
         max_runs: Some(cpus as u32),
         measured_link: None,
         release: None,
+        engine: None,
+        content: None,
     }
 }
 

@@ -123,6 +123,13 @@ impl Drop for CollectedFile {
 }
 
 /// The operations the agent needs from a runtime. Every method blocks; see the module docs.
+/// The digests a runtime holds, and how many of them are engine images.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Held {
+    pub digests: Vec<fleet_proto::Digest>,
+    pub images: u64,
+}
+
 pub trait Runtime: Send + Sync {
     /// Stages a program file by digest and returns the digest.
     fn stage(&self, file: &std::path::Path) -> Result<fleet_proto::Digest, RuntimeError>;
@@ -173,6 +180,18 @@ pub trait Runtime: Send + Sync {
     }
     /// Every run the runtime holds.
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError>;
+    /// The content it holds by digest (staged programs, the engine's images); none by default.
+    fn held(&self) -> Held {
+        Held::default()
+    }
+    /// The container engine it drives, as last reached; None where it drives none.
+    fn engine(&self) -> Option<fleet_proto::facts::EngineFacts> {
+        None
+    }
+    /// Has the engine read `image`'s manifest from its registry; its digest, or why not.
+    fn read_manifest(&self, image: &str) -> Result<fleet_proto::Digest, String> {
+        Err(format!("{image}: this agent drives no container engine"))
+    }
     /// Where the runtime notes runs that changed on their own, as soon as it learns of it;
     /// `None`: changes are seen only by asking (the agent's watch).
     fn changes(&self) -> Option<Changes> {

@@ -154,6 +154,21 @@ fn reason(out: &Output) -> String {
 }
 
 impl Runtime for ProcessRuntime {
+    fn held(&self) -> super::Held {
+        // Staged programs lie as a blob store does: `store/sha256/HEX`.
+        let programs =
+            fleet_content::Blobs::new(self.store().programs_dir().parent().unwrap_or(&self.root));
+        super::Held {
+            digests: programs
+                .list()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(d, _)| d)
+                .collect(),
+            images: 0,
+        }
+    }
+
     fn stage(&self, file: &Path) -> Result<Digest, RuntimeError> {
         let stage = run_store::cli::Command::Stage { file: file.into() };
         let out = self

@@ -198,4 +198,40 @@ impl Runtime for Routed {
         }
         Ok(runs)
     }
+
+    fn held(&self) -> super::Held {
+        let mut held = self.process.held();
+        if let Ok(docker) = self.docker() {
+            match docker.image_digests() {
+                Ok(images) => {
+                    held.images = images.len() as u64;
+                    held.digests.extend(images);
+                }
+                Err(e) => tracing::debug!("the inventory leaves the engine's images out: {e}"),
+            }
+        }
+        held
+    }
+
+    fn read_manifest(&self, image: &str) -> Result<fleet_proto::Digest, String> {
+        let docker = self.docker().map_err(|why| format!("{image}: {why}"))?;
+        docker.read_manifest(image).map_err(|e| e.to_string())
+    }
+
+    fn engine(&self) -> Option<fleet_proto::facts::EngineFacts> {
+        let (reachable, version, api_version, error) = match self.docker() {
+            Ok(docker) => {
+                let v = docker.engine_version();
+                (true, Some(v.version.clone()), Some(v.api.clone()), None)
+            }
+            Err(reason) => (false, None, None, Some(reason)),
+        };
+        Some(fleet_proto::facts::EngineFacts {
+            name: "docker".into(),
+            reachable,
+            version,
+            api_version,
+            error,
+        })
+    }
 }

@@ -59,8 +59,23 @@ impl EngineAddress {
     }
 }
 
+/// The engine's own version and the API version it answers this client at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineVersion {
+    pub version: String,
+    pub api: String,
+}
+
+impl std::fmt::Display for EngineVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (API {})", self.version, self.api)
+    }
+}
+
 /// Connects, negotiates the API version, and returns the client with the engine's version.
-pub(super) async fn connect(address: &EngineAddress) -> Result<(Docker, String), RuntimeError> {
+pub(super) async fn connect(
+    address: &EngineAddress,
+) -> Result<(Docker, EngineVersion), RuntimeError> {
     let at = address.describe();
     let failed = |reason: String| RuntimeError::Failed {
         what: format!("reaching the Docker engine at {at}"),
@@ -84,11 +99,10 @@ pub(super) async fn connect(address: &EngineAddress) -> Result<(Docker, String),
         .version()
         .await
         .map_err(|e| failed(super::describe(&e)))?;
-    let described = format!(
-        "{} (API {})",
-        version.version.unwrap_or_default(),
-        version.api_version.unwrap_or_default()
-    );
+    let described = EngineVersion {
+        version: version.version.unwrap_or_default(),
+        api: docker.client_version().to_string(),
+    };
     Ok((docker, described))
 }
 

@@ -72,7 +72,7 @@ pub struct DockerRuntime {
     pull_stall: Duration,
     tidy: Tidy,
     last_tidy: Mutex<Option<std::time::Instant>>,
-    engine_version: String,
+    engine_version: engine::EngineVersion,
     /// Final runs never change again: their status is read once.
     finished: Mutex<HashMap<String, RunStatus>>,
     timers: Arc<Timers>,
@@ -151,9 +151,46 @@ impl DockerRuntime {
         self
     }
 
-    /// The engine's version and API version, as `20.10.24 (API 1.41)`.
-    pub fn engine_version(&self) -> &str {
+    /// The engine's version and API version, shown as `20.10.24 (API 1.41)`.
+    pub fn engine_version(&self) -> &engine::EngineVersion {
         &self.engine_version
+    }
+
+    /// Has the engine read `image`'s manifest from its registry (`GET /distribution/NAME/json`),
+    /// as a pull would reach it; answers the manifest's digest.
+    pub fn read_manifest(&self, image: &str) -> Result<fleet_proto::Digest, RuntimeError> {
+        let failed = |reason: String| RuntimeError::Failed {
+            what: format!("reading the manifest of {image} from its registry"),
+            reason,
+        };
+        let inspected = self
+            .rt()
+            .block_on(self.docker.inspect_registry_image(image, None))
+            .map_err(|e| failed(describe(&e)))?;
+        let digest = inspected.descriptor.digest.unwrap_or_default();
+        fleet_proto::Digest::parse(&digest)
+            .map_err(|_| failed(format!("the registry answered the digest {digest:?}")))
+    }
+
+    /// The manifest digests of the engine's images (`RepoDigests`), each once.
+    pub fn image_digests(&self) -> Result<Vec<fleet_proto::Digest>, RuntimeError> {
+        let images = self
+            .rt()
+            .block_on(
+                self.docker
+                    .list_images(None::<bollard::query_parameters::ListImagesOptions>),
+            )
+            .map_err(|e| RuntimeError::Failed {
+                what: "listing the engine's images".into(),
+                reason: describe(&e),
+            })?;
+        let mut digests: Vec<fleet_proto::Digest> = (images.iter())
+            .flat_map(|i| i.repo_digests.iter())
+            .filter_map(|d| fleet_proto::Digest::parse(d.rsplit_once('@')?.1).ok())
+            .collect();
+        digests.sort();
+        digests.dedup();
+        Ok(digests)
     }
 
     /// The API version this client speaks with the engine: the engine's own when it is older

@@ -80,7 +80,7 @@ impl DockerRuntime {
             "name": container_name(run_id),
             "image": info.config.as_ref().and_then(|c| c.image.clone()),
             "engine_state": status.to_string(),
-            "engine": self.engine_version,
+            "engine": self.engine_version.to_string(),
         });
         let (run_state, error) = match status {
             ContainerStateStatusEnum::CREATED | ContainerStateStatusEnum::EMPTY => {
