@@ -1070,6 +1070,7 @@ fn check_passes_a_healthy_node_and_names_an_unreachable_registry() {
         "fleet-coordinator: 1 of 1 node(s) failed a check: see the rows marked fail"
     );
     let table = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{table}");
     let failed: Vec<&str> = table.lines().filter(|l| l.contains(" fail ")).collect();
     assert_eq!(failed.len(), 1, "{table}");
     assert!(failed[0].contains(" registry "), "{table}");

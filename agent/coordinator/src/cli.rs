@@ -555,24 +555,7 @@ fn parse_json_object(text: &str) -> Result<serde_json::Value, String> {
 
 /// Bytes with an optional unit: `512MiB`, `1GiB`, `10GB`.
 fn parse_bytes(text: &str) -> Result<u64, String> {
-    let at = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(at);
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        _ => return Err(format!("`{text}` is not a size: write e.g. 512MiB or 1GiB")),
-    };
-    (digits.parse::<u64>().ok())
-        .and_then(|n| n.checked_mul(scale))
+    fleet_coordinator::placement::quantity(text.trim())
         .ok_or_else(|| format!("`{text}` is not a size: write e.g. 512MiB or 1GiB"))
 }
 

@@ -436,8 +436,8 @@ fn confidence(text: &str) -> Option<f64> {
     text.parse::<f64>().ok().filter(|c| (0.0..=1.0).contains(c))
 }
 
-/// A count, or bytes with a binary or decimal unit.
-fn quantity(text: &str) -> Option<u64> {
+/// A count, or bytes with a binary or decimal unit (`8GiB`, `10GB`).
+pub fn quantity(text: &str) -> Option<u64> {
     let at = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());

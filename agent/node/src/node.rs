@@ -92,15 +92,13 @@ impl Node {
         self
     }
 
-    /// The digests on hand: content fetched, programs staged, the engine's images.
+    /// The digests on hand: content fetched (the most recently used first), programs staged,
+    /// the engine's images.
     pub fn inventory(&self) -> fleet_proto::facts::ContentInventory {
         let held = self.runtime.held();
-        let fetched = self
-            .blobs
-            .list()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(d, _)| d);
+        let mut fetched = self.blobs.list().unwrap_or_default();
+        fetched.sort_by_key(|(_, age)| *age);
+        let fetched = fetched.into_iter().map(|(d, _)| d);
         fleet_proto::facts::ContentInventory::of(fetched.chain(held.digests), held.images)
     }
 

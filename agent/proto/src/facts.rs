@@ -47,8 +47,9 @@ pub struct EngineFacts {
     pub error: Option<String>,
 }
 
-/// The digests a machine holds: its programs and content, and its engine's images (by their
-/// manifest digests). At most [`ContentInventory::CAP`] are listed; `total` counts them all.
+/// The digests a machine holds: its content and programs, and its engine's images (by their
+/// manifest digests), the most recently used first. At most [`ContentInventory::CAP`] are
+/// listed; `total` counts them all.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ContentInventory {
     pub digests: Vec<crate::Digest>,
@@ -60,22 +61,30 @@ pub struct ContentInventory {
 }
 
 impl ContentInventory {
-    /// The most digests one facts message lists: 512 of them are about 36 KiB of JSON.
-    pub const CAP: usize = 512;
+    /// The most digests one facts message lists (about 4.6 KiB of JSON): every coordinator reads
+    /// every node's facts to place a run, so a fleet of 30 000 keeps this small.
+    pub const CAP: usize = 64;
 
-    /// The inventory of `held` (deduplicated, sorted), listing at most [`Self::CAP`].
+    /// The inventory of `held`, the most wanted first (each listed once), listing at most
+    /// [`Self::CAP`].
     pub fn of(held: impl IntoIterator<Item = crate::Digest>, images: u64) -> ContentInventory {
-        let all: std::collections::BTreeSet<crate::Digest> = held.into_iter().collect();
+        let mut seen = std::collections::HashSet::new();
+        let mut digests = Vec::new();
+        for digest in held {
+            if seen.insert(digest) && digests.len() < Self::CAP {
+                digests.push(digest);
+            }
+        }
         ContentInventory {
-            total: all.len() as u64,
+            total: seen.len() as u64,
             images,
-            digests: all.into_iter().take(Self::CAP).collect(),
+            digests,
         }
     }
 
     /// Whether the listed digests hold `digest` (an inventory over its cap may hold more).
     pub fn holds(&self, digest: &crate::Digest) -> bool {
-        self.digests.binary_search(digest).is_ok()
+        self.digests.contains(digest)
     }
 
     /// Whether some digests were left out for the cap.
@@ -156,5 +165,31 @@ impl std::str::FromStr for GpuVendor {
             .ok_or_else(|| {
                 format!("{text:?} is not a GPU vendor: the vendors are nvidia, amd, intel")
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inventory_lists_each_digest_once_the_first_up_to_its_cap() {
+        let digests: Vec<crate::Digest> = (0..100u32)
+            .map(|i| crate::Digest::of(&i.to_be_bytes()))
+            .collect();
+        let first = digests[0];
+        let inventory = ContentInventory::of(
+            [first]
+                .into_iter()
+                .chain(digests.iter().copied())
+                .chain([first]),
+            3,
+        );
+        assert_eq!((inventory.total, inventory.images), (100, 3));
+        assert_eq!(inventory.digests.len(), ContentInventory::CAP);
+        assert_eq!(inventory.digests[..2], digests[..2]);
+        assert!(inventory.holds(&first) && !inventory.holds(&digests[99]));
+        assert!(inventory.truncated());
+        assert!(!ContentInventory::of(digests[..3].iter().copied(), 0).truncated());
     }
 }
