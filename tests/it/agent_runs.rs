@@ -828,7 +828,7 @@ fn a_malformed_command_fails_its_row_and_the_agent_goes_on() {
     let cases = [
         (
             unknown,
-            "a malformed command: unknown variant `launch_missiles`, expected one of `stage`, `start`, `stop`, `status`, `collect`, `facts`, `replicate`, `update`",
+            "a malformed command: unknown variant `launch_missiles`, expected one of `stage`, `start`, `stop`, `status`, `collect`, `facts`, `replicate`, `update`, `check`",
         ),
         (
             skewed,

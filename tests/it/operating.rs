@@ -418,21 +418,6 @@ fn where_places_runs_by_facts_and_labels_least_loaded_first() {
     );
     let bad = refused(&["--where", "gpus>=many"]);
     assert!(bad.contains("\"many\" is not a number"), "{bad}");
-    assert_eq!(blobs(), stored, "nothing was added to the blob store");
-    let none = refused(&["--all", "--where", "label.tier=platinum"]);
-    assert_eq!(
-        none,
-        "fleet-coordinator: 0 of 4 nodes match --where label.tier=platinum (joined and not draining): widen the expression"
-    );
-    // `--count` with nothing matching is refused at once too, unless it waits for a match.
-    for count in [&["--count", "2"][..], &[]] {
-        let mut args = vec!["--where", "label.tier=platinum"];
-        args.extend_from_slice(count);
-        assert_eq!(
-            refused(&args),
-            "fleet-coordinator: 0 of 4 nodes match --where label.tier=platinum (joined and not draining): widen the expression, or pass --wait-for-match to queue for one"
-        );
-    }
     let unknown = refused(&["--where", "arch=x86_64", "--prefer", "fastest"]);
     assert_eq!(
         unknown,
@@ -441,6 +426,20 @@ fn where_places_runs_by_facts_and_labels_least_loaded_first() {
     let rate = refused(&["--where", "link>=100MB"]);
     assert!(rate.contains("\"100MB\" is not a rate"), "{rate}");
     assert_eq!(blobs(), stored, "nothing was added to the blob store");
+    // Nothing matching: refused at once, `--count` too, unless it waits for a match.
+    let none = refused(&["--all", "--where", "label.tier=platinum"]);
+    assert_eq!(
+        none,
+        "fleet-coordinator: 0 of 4 nodes match --where label.tier=platinum (joined and not draining): widen the expression"
+    );
+    for count in [&["--count", "2"][..], &[]] {
+        let mut args = vec!["--where", "label.tier=platinum"];
+        args.extend_from_slice(count);
+        assert_eq!(
+            refused(&args),
+            "fleet-coordinator: 0 of 4 nodes match --where label.tier=platinum (joined and not draining): widen the expression, or pass --wait-for-match to queue for one"
+        );
+    }
     let waits = fleet.run(
         &["--where", "label.tier=platinum", "--wait-for-match"],
         &quick,

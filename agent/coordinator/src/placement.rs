@@ -278,7 +278,7 @@ impl Term {
         match key {
             Key::Link | Key::AssumedLink if rate(value).is_none() => {
                 return Err(format!(
-                    "--where term {part:?}: {value:?} is not a rate: write bytes or bits a second, such as 100MB/s, 50MiB/s or 1Gbit/s"
+                    "--where term {part:?}: {value:?} is not a rate: write a number, a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB, kbit, Mbit or Gbit) and /s, such as 100MB/s"
                 ));
             }
             Key::LinkConfidence | Key::AssumedLinkConfidence if confidence(value).is_none() => {
@@ -304,7 +304,8 @@ impl Term {
             return Err(format!(
                 "--where term {part:?}: {value:?} is not a number{}",
                 match key {
-                    Key::Memory | Key::Disk => " of bytes (such as 8GiB)",
+                    Key::Memory | Key::Disk =>
+                        " of bytes: write a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB), such as 8GiB",
                     _ => "",
                 }
             ));

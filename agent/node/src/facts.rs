@@ -70,11 +70,16 @@ impl FactsSource {
     pub async fn collect(&self, node: &Arc<Node>) -> Facts {
         let mut facts = collect(&self.run_store, &self.gpus).await;
         let held = node.clone();
-        // The engine's answers and the store's listings block.
-        if let Ok((engine, content)) =
-            tokio::task::spawn_blocking(move || (held.runtime.engine(), held.inventory())).await
-        {
-            (facts.engine, facts.content) = (engine, Some(content));
+        // The engine's answers and the store's listings block; a hung engine must not hold the
+        // session's heartbeats, so past ENGINE_PATIENCE the facts go without them.
+        let asked = tokio::task::spawn_blocking(move || (held.runtime.engine(), held.inventory()));
+        match tokio::time::timeout(ENGINE_PATIENCE, asked).await {
+            Ok(Ok((engine, content))) => (facts.engine, facts.content) = (engine, Some(content)),
+            Ok(Err(e)) => tracing::warn!("cannot read the engine and the content on hand: {e}"),
+            Err(_) => tracing::warn!(
+                "the engine and the content on hand took over {} s to read; these facts go without them",
+                ENGINE_PATIENCE.as_secs()
+            ),
         }
         // One run per CPU unless told otherwise: the coordinator queues the rest.
         facts.max_runs = Some(self.max_runs.unwrap_or(facts.cpus.max(1) as u32));
@@ -83,6 +88,9 @@ impl FactsSource {
         facts
     }
 }
+
+/// How long the facts wait for the engine's answers and the content listing.
+const ENGINE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a link reading stands after the last copy was timed.
 pub const LINK_VALID: std::time::Duration = std::time::Duration::from_secs(3600);
