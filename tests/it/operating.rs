@@ -343,13 +343,7 @@ fn where_places_runs_by_facts_and_labels_least_loaded_first() {
     let arm1 = fleet.add_machine("arm1", &[], true, &[]);
     let arm2 = fleet.add_machine("arm2", &["--label", "pool=lab"], true, &[]);
     let quick = fleet.program("quick", 0.0);
-    let nodes_of = |set: &str| -> Vec<String> {
-        let mut ids: Vec<String> = (fleet.rows(set).iter())
-            .map(|r| r["node_id"].as_str().unwrap().to_string())
-            .collect();
-        ids.sort();
-        ids
-    };
+    let nodes_of = |set: &str| nodes_of(&fleet, set);
     let sorted = |mut v: Vec<String>| {
         v.sort();
         v

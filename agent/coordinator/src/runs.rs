@@ -227,11 +227,6 @@ fn unexpected(row: &RunRow, what: &str, reply: &Reply) -> CoordinatorError {
     ))
 }
 
-/// The manifest digest an image reference names (`HOST/REPO@sha256:HEX`).
-fn image_digest(image: &str) -> Option<Digest> {
-    Digest::parse(image.rsplit_once('@')?.1).ok()
-}
-
 /// A run id nobody knows, or one that cannot be a run id at all.
 fn no_run(run: &str) -> CoordinatorError {
     CoordinatorError::Request(format!("no run {run}: it never existed or was pruned"))
@@ -369,7 +364,7 @@ impl Coordinator {
         };
         let nodes = self.store().nodes()?;
         let selected: Vec<NodeId> = match (&request.node, request.all, &request.place) {
-            (None, _, Some(place)) => self.place(&nodes, place, request)?,
+            (None, _, Some(place)) => self.place(&nodes, place, request, &workload)?,
             (Some(_), _, Some(_)) => {
                 return Err(bad("pass --node N or --where EXPR, not both".into()));
             }
@@ -484,6 +479,7 @@ impl Coordinator {
         nodes: &[NodeRecord],
         place: &crate::placement::Selector,
         request: &RunRequest,
+        workload: &Workload,
     ) -> Result<Vec<NodeId>, CoordinatorError> {
         let out = self.store().runs_out()?;
         let mut matching = crate::placement::candidates(nodes, &out, place, now_ms());
@@ -499,7 +495,9 @@ impl Coordinator {
         }
         if let Some(preference) = request.prefer {
             let mut content = request.content();
-            content.extend(request.image.as_deref().and_then(image_digest));
+            if let Workload::Image(image) = workload {
+                content.push(image.digest);
+            }
             crate::placement::prefer(&mut matching, preference, place, &content);
         }
         let wanted = match request.all {
