@@ -3,12 +3,12 @@
 use crate::remote_cli::{TlsArgs, parse_ref, runtime, warn_skipped};
 use anyhow::{Result, bail};
 use clap::Args;
-use oci::attach::{self, Attachment};
-use oci::copy::Endpoint;
-use oci::cosign;
-use oci::keys::{PublicKey, SigningKey};
-use oci::push::{BlobOptions, DEFAULT_JOBS};
-use oci::referrers::Link;
+use oci::signing::cosign;
+use oci::signing::keys::{PublicKey, SigningKey};
+use oci::transfer::attach::{self, Attachment};
+use oci::transfer::endpoint::Endpoint;
+use oci::transfer::push::{BlobOptions, DEFAULT_JOBS};
+use oci::transfer::referrers::Link;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -100,7 +100,7 @@ fn blob_options() -> BlobOptions {
 /// Opens the reference; `writing` takes a layout's writer lock (and never makes a layout).
 fn open(reference: &str, tls: &TlsArgs, writing: bool) -> Result<Endpoint> {
     let image = parse_ref(reference)?;
-    if let oci::reference::ImageRef::Layout(l) = &image
+    if let oci::transfer::reference::ImageRef::Layout(l) = &image
         && writing
         && !l.dir.join("oci-layout").exists()
     {
@@ -123,12 +123,12 @@ pub fn referrers(args: ReferrersArgs) -> Result<()> {
         let image = ep.top_manifest().await?;
         // An index's referrers and those of each platform's manifest, as `copy` carries them.
         let mut roots = vec![image.digest];
-        if oci::spec::is_index(&image.media_type)
-            && let Ok(index) = serde_json::from_slice::<oci::spec::Index>(&image.bytes)
+        if oci::types::spec::is_index(&image.media_type)
+            && let Ok(index) = serde_json::from_slice::<oci::types::spec::Index>(&image.bytes)
         {
             roots.extend(index.manifests.iter().map(|m| m.digest));
         }
-        let found = oci::carry::list(&ep, &roots, args.artifact_type.as_deref()).await?;
+        let found = oci::transfer::carry::list(&ep, &roots, args.artifact_type.as_deref()).await?;
         Ok::<_, anyhow::Error>((image.digest, found))
     })?;
     let (image, found) = found;
@@ -249,7 +249,7 @@ pub fn verify(args: VerifyArgs) -> Result<()> {
             false => Some(cosign::verify(&ep, &keys).await?),
         };
         let sboms = match args.sbom {
-            true => Some(oci::sbom_check::check(&ep).await?),
+            true => Some(oci::signing::sbom_check::check(&ep).await?),
             false => None,
         };
         Ok::<_, anyhow::Error>((verified, sboms))

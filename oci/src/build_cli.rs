@@ -1,10 +1,10 @@
 //! The local commands of the `oci` binary: `build`, `index` and `inspect oci:...`, their flags and output.
 use anyhow::{Result, bail};
 use clap::Args;
-use oci::build::{self, BuildOptions};
-use oci::compress::{self, Compression};
-use oci::layout::Layout;
-use oci::reference::ImageRef;
+use oci::local::build::{self, BuildOptions};
+use oci::local::compress::{self, Compression};
+use oci::local::layout::Layout;
+use oci::transfer::reference::ImageRef;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -112,7 +112,7 @@ pub fn build(args: BuildArgs) -> Result<()> {
 
 pub fn index(args: IndexArgs) -> Result<()> {
     let layout = Layout::open(&args.layout)?;
-    let descriptor = oci::image_index::write_index(&layout, &args.ref_name, &args.manifest)?;
+    let descriptor = oci::local::image_index::write_index(&layout, &args.ref_name, &args.manifest)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let v =
@@ -131,7 +131,7 @@ pub fn inspect(reference: &str, json: bool, raw: bool) -> Result<()> {
         bail!("{reference} is not a layout reference: use oci:DIR:REF or oci:DIR@sha256:HEX");
     };
     let layout = Layout::open(&r.dir)?;
-    let (inspection, bytes) = oci::inspect::inspect_layout(&layout, &r.image)?;
+    let (inspection, bytes) = oci::local::inspect::inspect_layout(&layout, &r.image)?;
     let mut out = std::io::stdout().lock();
     if raw {
         out.write_all(&bytes)?;

@@ -1,35 +1,15 @@
 //! OCI image layouts, reproducible layers and registry transfers. Knows nothing of fleets.
-pub mod build;
-pub mod cleanup;
-pub mod compress;
-pub mod digest;
-pub mod epoch;
-pub mod image_index;
-pub mod inspect;
-pub mod layer;
-pub mod layout;
-pub mod sbom;
-pub mod spec;
-// Registry transfers (issue 3).
-pub mod attach;
-pub mod auth;
-pub mod carry;
-pub mod copy;
-pub mod cosign;
-pub mod keys;
-pub mod progress;
-pub mod push;
-pub mod reference;
-pub mod referrers;
-pub mod remote;
-pub mod sbom_check;
-pub mod tar;
-pub mod text;
-pub mod tls;
+//! Four parts, each using only those before it: `types` (digests and the spec's documents),
+//! `local` (the layout folder, builds, the SBOM), `transfer` (registries, push, copy,
+//! referrers) and `signing` (keys, signatures, SBOM checks).
+pub mod local;
+pub mod signing;
+pub mod transfer;
+pub mod types;
 
-pub use digest::Digest;
-pub use layout::{Layout, LayoutError, RefOrDigest};
-pub use spec::{Descriptor, Index, Platform};
+pub use local::layout::{Layout, LayoutError, RefOrDigest};
+pub use types::digest::Digest;
+pub use types::spec::{Descriptor, Index, Platform};
 
 /// An I/O error as a message ends with it: one the user can fix by permissions says so.
 pub fn io_detail(e: &std::io::Error) -> String {

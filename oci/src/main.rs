@@ -44,7 +44,7 @@ enum Command {
 
 fn main() {
     // Before any thread starts: an interrupt removes this command's temporary files.
-    oci::cleanup::install();
+    oci::local::cleanup::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {

@@ -1,12 +1,13 @@
 //! The network commands of the `oci` binary: `push`, `copy` and `inspect docker://...`, their flags and output.
 use anyhow::{Context, Result};
 use clap::Args;
-use oci::copy::{self, CopyOptions, Endpoint, Report};
-use oci::push::{BlobOptions, DEFAULT_JOBS};
-use oci::reference::ImageRef;
-use oci::remote::Client;
-use oci::spec::Platform;
-use oci::tls::TlsOptions;
+use oci::transfer::copy::{self, CopyOptions, Report};
+use oci::transfer::endpoint::Endpoint;
+use oci::transfer::push::{BlobOptions, DEFAULT_JOBS};
+use oci::transfer::reference::ImageRef;
+use oci::transfer::remote::Client;
+use oci::transfer::tls::TlsOptions;
+use oci::types::spec::Platform;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -23,7 +24,7 @@ pub struct TlsArgs {
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
     /// Docker-style per-host certificate folders (DIR/HOST:PORT/{ca.crt,client.cert,client.key})
-    #[arg(long, value_name = "DIR", default_value = oci::tls::DEFAULT_CERTS_DIR)]
+    #[arg(long, value_name = "DIR", default_value = oci::transfer::tls::DEFAULT_CERTS_DIR)]
     pub certs_dir: PathBuf,
     /// Talk plain HTTP to the registry (no TLS)
     #[arg(long)]
@@ -264,7 +265,7 @@ fn transfer(
         let to = Endpoint::open(dst, &dst_tls.options(), dst_tls.creds.as_deref(), true)?;
         let report = copy::copy(&from, &to, &options).await?;
         to.finish();
-        Ok::<_, copy::CopyError>(report)
+        Ok::<_, oci::transfer::endpoint::CopyError>(report)
     })?;
     if let Some(carried) = &report.referrers {
         warn_skipped(&carried.skipped);
@@ -302,8 +303,8 @@ pub fn inspect(reference: &str, args: &RemoteInspectArgs) -> Result<()> {
         );
     };
     let (inspection, raw) = runtime()?.block_on(async {
-        let credential = oci::auth::find(&r.host, args.tls.creds.as_deref())
-            .map_err(oci::remote::RemoteError::from)?;
+        let credential = oci::transfer::auth::find(&r.host, args.tls.creds.as_deref())
+            .map_err(oci::transfer::remote::RemoteError::from)?;
         let client = Client::new(&r.host, &args.tls.options(), credential)?;
         copy::inspect_registry(&client, &r).await
     })?;

@@ -1,8 +1,8 @@
 //! Tests: oci_remote. `oci push`, `oci copy` and remote `oci inspect` against real `docker-registry`
 //! processes on loopback (plain, TLS with clientcas, htpasswd), with skopeo as the oracle.
-use oci::digest::Digest;
-use oci::layout::Layout;
-use oci::spec::{self, Descriptor, Index, Platform};
+use oci::local::layout::Layout;
+use oci::types::digest::Digest;
+use oci::types::spec::{self, Descriptor, Index, Platform};
 use std::path::Path;
 use std::process::Command;
 use testkit::pki::Pki;

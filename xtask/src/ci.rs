@@ -63,6 +63,8 @@ pub fn run(busy: bool) -> Result<()> {
     unpack_cloud_init()?;
     cross::install_toolchain()?;
     util::run(Command::new("cargo").args(["fmt", "--all", "--check"]))?;
+    // The map's checkable claims: layers, cycles, public modules, the package order.
+    crate::layers::run(false)?;
     util::run(Command::new("cargo").args([
         "clippy",
         "--workspace",

@@ -6,6 +6,7 @@ mod demo;
 mod fleet;
 mod fuzz;
 mod image;
+mod layers;
 mod soak;
 mod util;
 
@@ -48,6 +49,13 @@ enum Task {
         /// Only this architecture (x86_64 or arm64)
         #[arg(long)]
         arch: Option<String>,
+    },
+    /// Check the layers ARCHITECTURE.md's layers block declares: no import up a layer, no
+    /// import cycle, the public module lists and the package order as written
+    Layers {
+        /// Also print each crate's imports between top-level modules
+        #[arg(long)]
+        graph: bool,
     },
     /// Build the agent's own multi-arch OCI image (linux/amd64, linux/arm64) into dist/image
     Image,
@@ -94,6 +102,7 @@ fn main() {
         }),
         Task::DistCheck { arch } => cross::check_reproducible(arch.as_deref()),
         Task::Image => image::run(),
+        Task::Layers { graph } => layers::run(graph),
         Task::Bench { which } => bench::run(which),
         Task::Soak { kills } => soak::run(kills),
         Task::Fuzz {

@@ -10,8 +10,17 @@ pub fn human(d: Duration) -> String {
     }
 }
 
+/// Why a duration cannot be read, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DurationError(String);
+
 /// Parses `500ms`, `30s`, `10m`, `1h`, `2d` or a bare number of seconds.
-pub fn parse(text: &str) -> Result<Duration, String> {
+pub fn parse(text: &str) -> Result<Duration, DurationError> {
+    parse_line(text).map_err(DurationError)
+}
+
+fn parse_line(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')

@@ -4,7 +4,7 @@
 //! or the round trip and WAL flush (PostgreSQL) is shared by everything that arrived meanwhile.
 //! One writer on PostgreSQL too: with three or four, their batches failed each other's
 //! serializable snapshots (684 retries in `bench fleet --queue`) and the queue took longer.
-use crate::metrics::Recorder;
+use crate::recorder::Recorder;
 use crate::store::{Applied, Change, Store, StoreError, StoreResult};
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! upload lands apart (`blobs/collected/NAME`), for the CLI to move to `--out`.
 use crate::Coordinator;
 use crate::error::{CoordinatorError, Dropped};
-use crate::runs::off_thread;
+use fleet_cli::blocking::off_thread;
 use fleet_content::{self as content, Streamed};
 use fleet_proto::protocol::{self, Down, Up};
 use fleet_proto::{Digest, NodeId, UploadId};

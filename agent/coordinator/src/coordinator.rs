@@ -3,11 +3,12 @@
 //! for each part, and each part alone changes its state.
 use crate::commit::Committer;
 use crate::error::CoordinatorError;
+use crate::folder::{KEY_FILE, POSTGRES_MARK, STORE_FILE};
 use crate::live::{
     Beats, Credentials, FetchWindow, FleetView, JoinLimits, Pulls, Sessions, Tickets, Traffic,
     Uploads,
 };
-use crate::metrics::Recorder;
+use crate::recorder::Recorder;
 use crate::store::{
     self, Backend, KEEP_FINAL_RUNS, PostgresBackend, RedbBackend, Store, StoreError, StoreResult,
 };
@@ -17,13 +18,6 @@ use fleet_proto::pin;
 use rcgen::KeyPair;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-pub const DEFAULT_DATA: &str = "/var/lib/octomy-coordinator";
-pub const DEFAULT_PORT: u16 = 18426;
-pub const KEY_FILE: &str = "coordinator.key";
-pub const STORE_FILE: &str = "coordinator.redb";
-/// Present in a data folder whose coordinator serves a PostgreSQL store (see [`StoreLocation::mark`]).
-pub const POSTGRES_MARK: &str = "store-is-postgres";
 
 /// Where the coordinator keeps its records. The key stays in the data directory either way.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -191,9 +185,7 @@ impl Coordinator {
         call: impl FnOnce(&Store) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || call(store.as_ref()))
-            .await
-            .map_err(|e| StoreError::Db(format!("a store call did not complete: {e}")))?
+        fleet_cli::blocking::off_thread(move || call(store.as_ref())).await
     }
 
     pub fn public_key_text(&self) -> String {

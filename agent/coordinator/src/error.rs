@@ -1,6 +1,10 @@
 //! What a coordinator call can fail with, each one line that says what to do.
+use crate::folder::KEY_FILE;
 use crate::store::StoreError;
+use fleet_content::ContentError;
+use fleet_proto::dial::DialError;
 use fleet_proto::protocol::FrameError;
+use fleet_proto::{Digest, NodeId};
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -20,12 +24,18 @@ pub enum CoordinatorError {
     NoAddress,
     #[error("{0}")]
     Request(String),
+    #[error(transparent)]
+    Selector(#[from] crate::placement::SelectorError),
+    #[error(transparent)]
+    Image(#[from] fleet_proto::run::ImageRefError),
+    #[error(transparent)]
+    SigningKey(#[from] fleet_proto::release::SigningKeyError),
     /// The node refused the command: its class is what a caller acts on, its line what people read.
     #[error(transparent)]
     Refused(#[from] fleet_proto::protocol::Refusal),
     /// Another coordinator of the fleet, which holds the node's session, could not be used.
     #[error(transparent)]
-    Peer(#[from] crate::peer::PeerError),
+    Peer(#[from] PeerError),
     #[error(
         "--store takes a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, not `{0}`; leave it out for the embedded store in the data directory"
     )]
@@ -82,4 +92,45 @@ pub(crate) enum Dropped {
     /// Content was refused (the node was told why), or its transfer stopped.
     #[error("{0}")]
     Content(String),
+}
+
+/// Why another coordinator of the fleet could not do what was asked of it.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error(
+        "the coordinator at {address} presented key {seen}, not this fleet's key {pinned}: its data folder holds another {}; copy this fleet's key there and restart it",
+        KEY_FILE
+    )]
+    ForeignKey {
+        address: String,
+        seen: String,
+        pinned: String,
+    },
+    #[error(transparent)]
+    Dial(DialError),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("the coordinator {address} did not answer for {node_id} in time")]
+    Late { address: String, node_id: NodeId },
+    #[error("the coordinator {address} answered a relay for {node_id} with {answer}")]
+    Unexpected {
+        address: String,
+        node_id: NodeId,
+        answer: String,
+    },
+    #[error(transparent)]
+    Content(#[from] ContentError),
+    #[error("no coordinator of the fleet holds {0}")]
+    Nowhere(Digest),
+    /// Fewer coordinators hold `digest` than the fleet keeps copies on; what the others answered.
+    #[error("{digest} is held by {held} coordinator(s) of the {wanted} asked for ({answers})")]
+    FewCopies {
+        digest: Digest,
+        held: usize,
+        wanted: usize,
+        answers: String,
+    },
+    /// Every coordinator of the fleet was asked; each failure, in order.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Each(Vec<PeerError>),
 }

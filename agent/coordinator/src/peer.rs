@@ -4,15 +4,17 @@
 //! pinned TLS, on the same port: a connection whose client certificate carries the fleet's own
 //! key is a peer. A peer may ask for a command to be relayed to a node whose session this
 //! coordinator holds ([`Up::Relay`]), and for a blob by digest ([`Up::Fetch`]).
-use crate::runs::off_thread;
-use crate::{Coordinator, KEY_FILE};
+use crate::Coordinator;
+use crate::error::PeerError;
+use fleet_cli::blocking::off_thread;
 use fleet_content::{self as content, ContentError};
 use fleet_proto::dial::DialError;
 use fleet_proto::protocol::{
-    self, Answer, Command, Down, FrameError, Opening, Refusal, RefusalClass, Reply, Up,
+    self, Answer, Command, Down, Opening, Refusal, RefusalClass, Reply, Up,
 };
 use fleet_proto::{Digest, NodeId};
 use rcgen::KeyPair;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -23,37 +25,12 @@ use tokio_rustls::client::TlsStream;
 /// A peer's certificate lives for one copy or relay at most.
 const PEER_CERT_VALIDITY: Duration = Duration::from_secs(3600);
 
-/// Why another coordinator of the fleet could not do what was asked of it.
-#[derive(Debug, thiserror::Error)]
-pub enum PeerError {
-    #[error(
-        "the coordinator at {address} presented key {seen}, not this fleet's key {pinned}: its data folder holds another {}; copy this fleet's key there and restart it",
-        KEY_FILE
-    )]
-    ForeignKey {
-        address: String,
-        seen: String,
-        pinned: String,
-    },
-    #[error(transparent)]
-    Dial(DialError),
-    #[error(transparent)]
-    Frame(#[from] FrameError),
-    #[error("the coordinator {address} did not answer for {node_id} in time")]
-    Late { address: String, node_id: NodeId },
-    #[error("the coordinator {address} answered a relay for {node_id} with {answer}")]
-    Unexpected {
-        address: String,
-        node_id: NodeId,
-        answer: String,
-    },
-    #[error(transparent)]
-    Content(#[from] ContentError),
-    #[error("no coordinator of the fleet holds {0}")]
-    Nowhere(Digest),
-    /// Every coordinator of the fleet was asked; each failure, in order.
-    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    Each(Vec<PeerError>),
+/// Where a `run` pushes what it imports: the first `wanted` of `peers` that take the connection,
+/// in the order the serving coordinator asks them to hold it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CopyTargets {
+    pub peers: Vec<String>,
+    pub wanted: usize,
 }
 
 /// A pinned TLS connection to the coordinator at `address`, proving the fleet's `key`.
@@ -254,13 +231,13 @@ impl Coordinator {
     /// The coordinators [`Coordinator::hold_copies`] asks, in its order, and how many of them
     /// it wants holding: an operator command pushes its content to the first that answer while
     /// it imports it. None unless the fleet keeps more than one copy.
-    pub(crate) async fn copy_targets(&self) -> crate::push::CopyTargets {
+    pub(crate) async fn copy_targets(&self) -> CopyTargets {
         let wanted = self.fleet().content_copies().saturating_sub(1);
         if wanted == 0 {
-            return crate::push::CopyTargets::default();
+            return CopyTargets::default();
         }
         self.learn_fleet_now().await;
-        crate::push::CopyTargets {
+        CopyTargets {
             peers: self.fleet().peers(),
             wanted,
         }
@@ -268,7 +245,7 @@ impl Coordinator {
 
     /// Asks the members last heard, in turn, to hold `digest` until `content_copies` do (this
     /// one included); Err says how many hold it and what the others answered.
-    pub(crate) async fn hold_copies(&self, digest: &Digest) -> Result<(), String> {
+    pub(crate) async fn hold_copies(&self, digest: &Digest) -> Result<(), PeerError> {
         let wanted = self.fleet().content_copies().saturating_sub(1);
         let peers = self.fleet().peers();
         let (mut held, mut away, mut failures) = (0, 0, Vec::new());
@@ -284,12 +261,12 @@ impl Coordinator {
             }
         }
         if held < wanted.min(peers.len() - away) {
-            return Err(format!(
-                "{digest} is held by {} coordinator(s) of the {} asked for ({})",
-                held + 1,
-                wanted + 1,
-                failures.join("; ")
-            ));
+            return Err(PeerError::FewCopies {
+                digest: *digest,
+                held: held + 1,
+                wanted: wanted + 1,
+                answers: failures.join("; "),
+            });
         }
         Ok(())
     }

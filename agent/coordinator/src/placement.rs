@@ -4,7 +4,6 @@
 //! `memory>=8GiB`, `link>=100MB/s`. A node that never measured its link counts at the rate and
 //! confidence the expression assumes (`assumed_link=RATE`, `assumed_link_confidence=F`;
 //! by default 0 B/s, so no floor is met, at [`ASSUMED_LINK_CONFIDENCE`]).
-use crate::store::NodeRecord;
 use fleet_proto::NodeId;
 use fleet_proto::facts::Facts;
 use serde::{Deserialize, Serialize};
@@ -83,9 +82,18 @@ impl Op {
     }
 }
 
+/// Why a `--where` expression cannot be read, in one line: what is wrong and what is known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SelectorError(String);
+
 impl Selector {
     /// Reads an expression; the error is one line naming what is wrong and what is known.
-    pub fn parse(text: &str) -> Result<Selector, String> {
+    pub fn parse(text: &str) -> Result<Selector, SelectorError> {
+        Self::parse_line(text).map_err(SelectorError)
+    }
+
+    fn parse_line(text: &str) -> Result<Selector, String> {
         let mut terms = Vec::new();
         for part in text.split(',').map(str::trim) {
             if part.is_empty() {
@@ -163,8 +171,8 @@ impl std::str::FromStr for Preference {
 
 /// Reorders `matching` (least loaded first) by `preference`, keeping the load order among
 /// equals: the fastest link first, or the most of `content` already held first.
-pub fn prefer(
-    matching: &mut [(u64, &NodeRecord)],
+pub fn prefer<N: Described>(
+    matching: &mut [(u64, &N)],
     preference: Preference,
     selector: &Selector,
     content: &[fleet_proto::Digest],
@@ -172,12 +180,12 @@ pub fn prefer(
     match preference {
         Preference::Link => {
             let assumed = selector.assumed_link();
-            let speed = |n: &NodeRecord| link_of(n, assumed).map_or(0, |l| l.bytes_per_s);
+            let speed = |n: &N| link_of(n, assumed).map_or(0, |l| l.bytes_per_s);
             matching.sort_by_key(|(_, n)| std::cmp::Reverse(speed(n)));
         }
         Preference::Content => {
-            let held = |n: &NodeRecord| {
-                let inventory = n.facts.as_ref().and_then(|f| f.content.as_ref());
+            let held = |n: &N| {
+                let inventory = n.facts().and_then(|f| f.content.as_ref());
                 inventory.map_or(0, |i| content.iter().filter(|d| i.holds(d)).count())
             };
             matching.sort_by_key(|(_, n)| std::cmp::Reverse(held(n)));
@@ -187,18 +195,26 @@ pub fn prefer(
 
 /// The nodes `selector` may place a run on at `now` (holding their lease, taking runs, matching),
 /// each with the runs it holds, those holding the fewest first.
-pub fn candidates<'a>(
-    nodes: &'a [NodeRecord],
+pub fn candidates<'a, N: Candidate>(
+    nodes: &'a [N],
     out: &BTreeMap<NodeId, u64>,
     selector: &Selector,
     now: u64,
-) -> Vec<(u64, &'a NodeRecord)> {
-    let mut matching: Vec<(u64, &NodeRecord)> = (nodes.iter())
-        .filter(|n| n.takes_runs() && now < n.lease_until_ms && selector.matches(*n))
-        .map(|n| (out.get(&n.id).copied().unwrap_or(0), n))
+) -> Vec<(u64, &'a N)> {
+    let mut matching: Vec<(u64, &N)> = (nodes.iter())
+        .filter(|n| n.available(now) && selector.matches(*n))
+        .map(|n| (out.get(n.id()).copied().unwrap_or(0), n))
         .collect();
-    matching.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.id.cmp(&b.1.id)));
+    matching.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.id().cmp(b.1.id())));
     matching
+}
+
+/// A node a run may be placed on: what an expression reads of it, its id, and whether it takes
+/// runs at a moment (the store's node record is one).
+pub trait Candidate: Described {
+    fn id(&self) -> &NodeId;
+    /// Holding its lease at `now` and taking runs (not drained, not ended).
+    fn available(&self, now: u64) -> bool;
 }
 
 /// What an expression reads of a node: its facts, name and labels (a stored node, or a row of
@@ -226,8 +242,6 @@ macro_rules! described_by_fields {
     };
 }
 pub(crate) use described_by_fields;
-
-described_by_fields!(NodeRecord);
 
 impl Term {
     fn parse(part: &str) -> Result<Term, String> {
@@ -489,8 +503,8 @@ impl fmt::Display for Selector {
 }
 
 impl TryFrom<String> for Selector {
-    type Error = String;
-    fn try_from(text: String) -> Result<Selector, String> {
+    type Error = SelectorError;
+    fn try_from(text: String) -> Result<Selector, SelectorError> {
         Selector::parse(&text)
     }
 }
@@ -504,6 +518,7 @@ impl From<Selector> for String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::NodeRecord;
     use fleet_proto::NodeId;
     use fleet_proto::facts::Accelerator;
 
@@ -596,7 +611,7 @@ mod tests {
 
     #[test]
     fn a_bad_expression_is_one_line_naming_what_is_known() {
-        let err = |t| Selector::parse(t).unwrap_err();
+        let err = |t| Selector::parse(t).unwrap_err().to_string();
         assert_eq!(
             err("colour=red"),
             "--where names \"colour\", which is not a fact: the keys are arch, os, kernel, version, name, cpus, gpus, gpu.vendor, gpu.arch, memory, disk, link, link_confidence, assumed_link, assumed_link_confidence, cap, label.KEY"
@@ -695,7 +710,7 @@ mod tests {
 
     #[test]
     fn a_bad_rate_vendor_or_confidence_is_one_line() {
-        let err = |t| Selector::parse(t).unwrap_err();
+        let err = |t| Selector::parse(t).unwrap_err().to_string();
         assert!(
             err("link>=100MB").contains("is not a rate"),
             "{}",

@@ -9,7 +9,6 @@ use crate::peer::{self, Piece};
 use fleet_content::Blobs;
 use fleet_proto::Digest;
 use rcgen::KeyPair;
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -17,13 +16,7 @@ use tokio::sync::mpsc;
 /// Pieces read ahead of the slowest push: memory stays at a few chunks whatever the size.
 const PIECES_AHEAD: usize = 8;
 
-/// Where a `run` pushes what it imports: the first `wanted` of `peers` that take the connection,
-/// in the order the serving coordinator asks them to hold it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CopyTargets {
-    pub peers: Vec<String>,
-    pub wanted: usize,
-}
+pub use crate::peer::CopyTargets;
 
 /// Imports `source` into `blobs` (the blob store of the data folder `data`) and pushes it to
 /// the first of `targets` that take the connection as it goes; returns its digest and size.

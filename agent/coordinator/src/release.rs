@@ -58,7 +58,7 @@ pub fn keygen(out: &Path) -> Result<PinnedKey, CoordinatorError> {
             out.display()
         )));
     }
-    let (key, pem) = SigningKey::generate().map_err(refused)?;
+    let (key, pem) = SigningKey::generate()?;
     write(out, pem.as_bytes(), true)?;
     Ok(key.public())
 }

@@ -306,7 +306,7 @@ impl Coordinator {
     pub fn start_rollout(&self, plan: RolloutPlan) -> Result<Rollout, CoordinatorError> {
         let bad = |m: String| CoordinatorError::Request(m);
         if let Some(text) = &plan.selector {
-            Selector::parse(text).map_err(bad)?;
+            Selector::parse(text)?;
         }
         if plan.waves.is_empty()
             || plan.waves.last() != Some(&100)
@@ -443,7 +443,7 @@ impl Coordinator {
             return Ok(None);
         }
         let selector = match &rollout.plan.selector {
-            Some(text) => Some(Selector::parse(text).map_err(CoordinatorError::Request)?),
+            Some(text) => Some(Selector::parse(text)?),
             None => None,
         };
         let nodes = self.nodes_matching(&Default::default())?;

@@ -3,6 +3,7 @@
 use crate::signing::SigningPolicy;
 use crate::store::{NodeRecord, RunMoved, RunRow};
 use crate::{Coordinator, CoordinatorError};
+use fleet_cli::blocking::off_thread;
 use fleet_proto::clock::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
@@ -266,17 +267,6 @@ pub struct Replicated {
     pub bytes_per_s: Option<u64>,
 }
 
-fn random_id(prefix: &str) -> String {
-    let mut raw = [0u8; 6];
-    rand::thread_rng().fill_bytes(&mut raw);
-    format!("{prefix}-{}", hex::encode(raw))
-}
-
-pub(crate) fn new_run_id() -> RunId {
-    // Cannot fail: `r-` and 12 hex digits is always a valid run id.
-    RunId::parse(&random_id("r")).expect("r-HEX is a run id")
-}
-
 impl Coordinator {
     /// Checks an image run against the fleet's signing policy (in the data folder, read afresh);
     /// returns the key that signed it, None when the fleet requires no signature.
@@ -296,7 +286,7 @@ impl Coordinator {
         let Some(policy) = policy else {
             return Ok(None);
         };
-        let image = ImageRef::parse(image).map_err(CoordinatorError::Request)?;
+        let image = ImageRef::parse(image)?;
         let key = policy.check(&image, request.registry_auth.as_ref()).await?;
         Ok(Some(key))
     }
@@ -312,7 +302,7 @@ impl Coordinator {
         let (workload, program) = match (&request.program, &request.image) {
             (Some(digest), None) => (Workload::Program(*digest), Some(digest)),
             (None, Some(image)) => {
-                let image = ImageRef::parse(image).map_err(bad)?;
+                let image = ImageRef::parse(image)?;
                 (Workload::Image(image), None)
             }
             _ => {
@@ -413,14 +403,14 @@ impl Coordinator {
                 }
             }));
         }
-        let set_id = random_id("s");
+        let set_id = crate::ids::new_set_id();
         let now = now_ms();
         let runs: Vec<RunRow> = selected
             .iter()
             .flat_map(|node| std::iter::repeat_n(node.clone(), request.repeat.max(1) as usize))
             .enumerate()
             .map(|(position, node_id)| RunRow {
-                id: new_run_id(),
+                id: crate::ids::new_run_id(),
                 set_id: set_id.clone(),
                 position: u32::try_from(position).unwrap_or(u32::MAX),
                 state: RunState::Waiting,
@@ -897,16 +887,4 @@ impl Coordinator {
         }
         Ok(())
     }
-}
-
-/// File work from async code, on the blocking pool: the serving coordinator's one async thread
-/// never waits for a disk.
-pub(crate) async fn off_thread<T: Send + 'static>(
-    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-        Err(std::io::Error::other(format!(
-            "file work did not complete: {e}"
-        )))
-    })
 }

@@ -4,9 +4,9 @@
 //! the key; the digest pins what the node pulls.
 use crate::CoordinatorError;
 use fleet_proto::run::{ImageRef, RegistryAuth};
-use oci::copy::Endpoint;
-use oci::keys::PublicKey;
-use oci::reference::RegistryRef;
+use oci::signing::keys::PublicKey;
+use oci::transfer::endpoint::Endpoint;
+use oci::transfer::reference::RegistryRef;
 use std::path::{Path, PathBuf};
 
 /// The policy's file in the data folder: the trusted public keys, PEM, one after another.
@@ -101,7 +101,7 @@ impl SigningPolicy {
             tag: None,
             digest: Some(image.digest),
         };
-        let tls = oci::tls::TlsOptions {
+        let tls = oci::transfer::tls::TlsOptions {
             cert: None,
             key: None,
             ca: None,
@@ -109,14 +109,14 @@ impl SigningPolicy {
             // As the Docker engine does, a registry on loopback is spoken to in plain HTTP.
             plain_http: is_loopback(&image.host),
         };
-        let credential = auth.map(|a| oci::auth::Credential {
+        let credential = auth.map(|a| oci::transfer::auth::Credential {
             user: a.username.clone(),
             secret: a.password.clone(),
         });
-        let client = oci::remote::Client::new(&image.host, &tls, credential)
+        let client = oci::transfer::remote::Client::new(&image.host, &tls, credential)
             .map_err(|e| refused(e.to_string()))?;
         let ep = Endpoint::Registry { client, reference };
-        let verified = oci::cosign::verify(&ep, &self.keys)
+        let verified = oci::signing::cosign::verify(&ep, &self.keys)
             .await
             .map_err(|e| refused(e.to_string()))?;
         Ok(verified.key)
@@ -129,7 +129,8 @@ fn parse_keys(text: &str) -> Result<Vec<PublicKey>, String> {
     let keys = text
         .match_indices(BEGIN)
         .map(|(at, _)| PublicKey::from_pem(&text[at..]))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
     if keys.is_empty() {
         return Err("it holds no public key".into());
     }

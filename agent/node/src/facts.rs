@@ -1,10 +1,9 @@
 //! Gathering what a machine is: architecture, CPUs, memory, free disk under the run store, kernel,
 //! OS, agent version, GPUs ([`crate::gpus`]), the container engine and the content on hand.
 use crate::gpus::GpuSources;
-use crate::node::Node;
 use fleet_proto::facts::Facts;
+use fleet_proto::facts::{ContentInventory, EngineFacts};
 use std::path::Path;
-use std::sync::Arc;
 
 /// Gathers the machine's own facts; a missing or failing GPU source means "no GPUs", never a crash.
 pub async fn collect(run_store: &Path, gpus: &GpuSources) -> Facts {
@@ -66,13 +65,15 @@ pub struct FactsSource {
 }
 
 impl FactsSource {
-    /// The machine's facts with what `node` holds: its engine and its content.
-    pub async fn collect(&self, node: &Arc<Node>) -> Facts {
+    /// The machine's facts with what the node holds (`held` reads its engine and its content).
+    pub async fn collect(
+        &self,
+        held: impl FnOnce() -> (Option<EngineFacts>, ContentInventory) + Send + 'static,
+    ) -> Facts {
         let mut facts = collect(&self.run_store, &self.gpus).await;
-        let held = node.clone();
         // The engine's answers and the store's listings block; a hung engine must not hold the
         // session's heartbeats, so past ENGINE_PATIENCE the facts go without them.
-        let asked = tokio::task::spawn_blocking(move || (held.runtime.engine(), held.inventory()));
+        let asked = tokio::task::spawn_blocking(held);
         match tokio::time::timeout(ENGINE_PATIENCE, asked).await {
             Ok(Ok((engine, content))) => (facts.engine, facts.content) = (engine, Some(content)),
             Ok(Err(e)) => tracing::warn!("cannot read the engine and the content on hand: {e}"),

@@ -92,6 +92,19 @@ impl Node {
         self
     }
 
+    /// What [`FactsSource::collect`](crate::facts::FactsSource::collect) reads of this node on
+    /// the blocking pool: its engine and the content on hand.
+    pub fn holdings(
+        self: &Arc<Self>,
+    ) -> impl FnOnce() -> (
+        Option<fleet_proto::facts::EngineFacts>,
+        fleet_proto::facts::ContentInventory,
+    ) + Send
+    + 'static {
+        let node = self.clone();
+        move || (node.runtime.engine(), node.inventory())
+    }
+
     /// The digests on hand: content fetched (the most recently used first), programs staged,
     /// the engine's images.
     pub fn inventory(&self) -> fleet_proto::facts::ContentInventory {

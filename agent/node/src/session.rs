@@ -342,7 +342,7 @@ impl Session<'_> {
         started: tokio::time::Instant,
     ) -> Ended {
         let facts = Up::Facts {
-            facts: self.facts.collect(self.node).await,
+            facts: self.facts.collect(self.node.holdings()).await,
         };
         if let Err(e) = protocol::write_msg(writer, &facts).await {
             return e.into();
@@ -390,7 +390,7 @@ impl Session<'_> {
                 }
                 _ = tokio::time::sleep_until(renew_at) => return Ended::Renew,
                 _ = self.node.facts_changed.notified() => {
-                    let facts = Up::Facts { facts: self.facts.collect(self.node).await };
+                    let facts = Up::Facts { facts: self.facts.collect(self.node.holdings()).await };
                     if let Err(e) = protocol::write_msg(writer, &facts).await {
                         return e.into();
                     }
@@ -544,7 +544,7 @@ impl Session<'_> {
         writer: &mut W,
         op: OpId,
     ) -> Result<(), Ended> {
-        let facts = self.facts.collect(self.node).await;
+        let facts = self.facts.collect(self.node.holdings()).await;
         protocol::write_msg(writer, &Up::Facts { facts }).await?;
         let answer = Ok(Reply::FactsSent);
         protocol::write_msg(writer, &Up::Result { op, answer }).await?;

@@ -37,8 +37,17 @@ pub fn parse_key_text(text: &str) -> Option<Vec<u8>> {
 #[derive(Clone, PartialEq, Eq)]
 pub struct PinnedKey([u8; 32]);
 
+/// Why a pinned key's text (`ed25519:<base64>`) cannot be read, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyTextError(String);
+
 impl PinnedKey {
-    pub fn parse(text: &str) -> Result<PinnedKey, String> {
+    pub fn parse(text: &str) -> Result<PinnedKey, KeyTextError> {
+        Self::parse_line(text).map_err(KeyTextError)
+    }
+
+    fn parse_line(text: &str) -> Result<PinnedKey, String> {
         let raw = parse_key_text(text)
             .ok_or_else(|| format!("`{text}` is not ed25519:<base64 of 32 bytes>"))?;
         Ok(PinnedKey(

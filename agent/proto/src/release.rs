@@ -243,13 +243,22 @@ pub struct BinaryMismatch {
 }
 
 /// An Ed25519 key that signs: a fleet root, or a release key.
+/// Why a release signing key cannot be made or read, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SigningKeyError(String);
+
 pub struct SigningKey(Ed25519KeyPair);
 
 impl SigningKey {
     /// A new key and its key file's text: PKCS#8 PEM in RFC 8410's form, the one `openssl
     /// genpkey -algorithm ed25519` writes and reads (ring's own form adds the public key, which
     /// OpenSSL does not read).
-    pub fn generate() -> Result<(SigningKey, String), String> {
+    pub fn generate() -> Result<(SigningKey, String), SigningKeyError> {
+        Self::generate_line().map_err(SigningKeyError)
+    }
+
+    fn generate_line() -> Result<(SigningKey, String), String> {
         let rng = ring::rand::SystemRandom::new();
         let ring_form = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|e| e.to_string())?;
         // ring's document: its 16-byte header, the 32-byte seed, then the public key.
@@ -260,7 +269,11 @@ impl SigningKey {
     }
 
     /// From a key file's text: PKCS#8 PEM.
-    pub fn from_pem(text: &str) -> Result<SigningKey, String> {
+    pub fn from_pem(text: &str) -> Result<SigningKey, SigningKeyError> {
+        Self::from_pem_line(text).map_err(SigningKeyError)
+    }
+
+    fn from_pem_line(text: &str) -> Result<SigningKey, String> {
         let body: String = (text.lines())
             .filter(|l| !l.starts_with("-----"))
             .collect::<Vec<_>>()
@@ -662,6 +675,6 @@ mod tests {
         assert_eq!(SigningKey::from_pem(&pem).unwrap().public(), key.public());
         let refused =
             SigningKey::from_pem("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n");
-        assert!(refused.is_err_and(|e| e.starts_with("not an Ed25519 PKCS#8 key")));
+        assert!(refused.is_err_and(|e| e.to_string().starts_with("not an Ed25519 PKCS#8 key")));
     }
 }

@@ -86,9 +86,18 @@ pub struct ImageRef {
     pub digest: Digest,
 }
 
+/// Why an image reference (`HOST/REPO@sha256:HEX`) cannot be read, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ImageRefError(String);
+
 impl ImageRef {
     /// Reads `HOST[:PORT]/REPO@sha256:HEX`; any other shape is one line saying what to write.
-    pub fn parse(text: &str) -> Result<ImageRef, String> {
+    pub fn parse(text: &str) -> Result<ImageRef, ImageRefError> {
+        Self::parse_line(text).map_err(ImageRefError)
+    }
+
+    fn parse_line(text: &str) -> Result<ImageRef, String> {
         let wanted = "name it as HOST/REPO@sha256:HEX";
         let Some((name, digest)) = text.split_once('@') else {
             let what = if text
@@ -334,7 +343,7 @@ mod tests {
             image.to_string(),
             format!("127.0.0.1:5000/tools/sh@sha256:{hex}")
         );
-        let refused = |text: &str| ImageRef::parse(text).unwrap_err();
+        let refused = |text: &str| ImageRef::parse(text).unwrap_err().to_string();
         assert_eq!(
             refused("registry.example/sh:1.0"),
             "image registry.example/sh:1.0 is named by a tag, which can move; name it as HOST/REPO@sha256:HEX"

@@ -83,7 +83,11 @@ fn pinned_key(bytes: &[u8]) {
         }
         Err(why) => {
             assert!(raw.is_none());
-            assert!(why.contains("is not ed25519:<base64 of 32 bytes>"), "{why}");
+            assert!(
+                why.to_string()
+                    .contains("is not ed25519:<base64 of 32 bytes>"),
+                "{why}"
+            );
         }
     }
 }

@@ -11,13 +11,14 @@
 //! is the second document, or as an index) gives a summary whose text form is one line per
 //! field.
 use crate::support::{fresh_dir, sections};
-use oci::copy;
-use oci::inspect::{self, Inspection};
-use oci::layout::{self, Layout, LayoutError};
-use oci::referrers::{self, ArtifactManifest};
-use oci::remote::manifests::Manifest;
-use oci::spec::{self, Descriptor, Index, Platform};
-use oci::{Digest, RefOrDigest, cosign};
+use oci::local::inspect::{self, Inspection};
+use oci::local::layout::{self, Layout, LayoutError};
+use oci::signing::cosign;
+use oci::transfer::endpoint;
+use oci::transfer::referrers::{self, ArtifactManifest};
+use oci::transfer::remote::manifests::Manifest;
+use oci::types::spec::{self, Descriptor, Index, Platform};
+use oci::{Digest, RefOrDigest};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -67,7 +68,7 @@ fn readers_agree(doc: &[u8]) {
         assert_eq!(sniffed, None, "no media type from what is not JSON");
     }
     let artifact = ArtifactManifest::parse(doc);
-    match copy::manifest_blobs("docker://registry.test/fuzz:doc", doc) {
+    match endpoint::manifest_blobs("docker://registry.test/fuzz:doc", doc) {
         Ok((config, layers)) => {
             // The artifact reader wants more fields well-typed (subject, annotations); where
             // it reads the document, it reads the same blobs.
@@ -235,7 +236,7 @@ fn inspected(doc: &[u8], config: &[u8]) {
         );
         if let Inspection::Manifest(m) = &inspection {
             let config_json: Value = serde_json::from_slice(config).expect("a read config is JSON");
-            let platform = oci::build::config_platform(&config_json).to_string();
+            let platform = oci::local::build::config_platform(&config_json).to_string();
             assert_eq!(m.platform, platform);
         }
     }

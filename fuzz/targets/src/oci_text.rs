@@ -14,14 +14,14 @@
 //!   public key verifies.
 //! - `e`: a certs.d folder (`ca.crt`, `client.cert`, `client.key`, NUL-separated) and a
 //!   `--tls-ca` file, through [`TlsOptions::setup`]: a client identity only from a matching pair.
-//! - `f`: a registry's error body, through [`oci::remote::error_detail`]: one line.
+//! - `f`: a registry's error body, through [`oci::transfer::remote::error_detail`]: one line.
 //!
 //! `Link` headers are not listed: oci reads none (no paginated listing is followed).
 use crate::support::{block_on, fresh_dir, one_line, sections, select};
-use oci::auth::{self, Credential};
-use oci::keys::{PublicKey, SigningKey};
-use oci::remote::challenge::{self, Challenge};
-use oci::tls::TlsOptions;
+use oci::signing::keys::{PublicKey, SigningKey};
+use oci::transfer::auth::{self, Credential};
+use oci::transfer::remote::challenge::{self, Challenge};
+use oci::transfer::tls::TlsOptions;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
@@ -43,11 +43,12 @@ fn names(bytes: &[u8]) {
     let Ok(text) = std::str::from_utf8(bytes) else {
         return;
     };
-    if let Ok(r) = text.parse::<oci::reference::ImageRef>() {
+    if let Ok(r) = text.parse::<oci::transfer::reference::ImageRef>() {
         let shown = r.to_string();
-        let back: oci::reference::ImageRef = shown.parse().expect("a reference parses back");
+        let back: oci::transfer::reference::ImageRef =
+            shown.parse().expect("a reference parses back");
         assert_eq!(back, r, "{text:?} printed as {shown:?}");
-        if let oci::reference::ImageRef::Registry(reg) = &r {
+        if let oci::transfer::reference::ImageRef::Registry(reg) = &r {
             let asked = reg.reference();
             assert!(
                 asked == "latest"
@@ -59,7 +60,7 @@ fn names(bytes: &[u8]) {
     match oci::RefOrDigest::parse(text) {
         Ok(oci::RefOrDigest::Name(name)) => {
             assert_eq!(name, text);
-            assert!(oci::layout::validate_ref_name(text).is_ok());
+            assert!(oci::local::layout::validate_ref_name(text).is_ok());
         }
         Ok(oci::RefOrDigest::Digest(d)) => assert_eq!(d.to_string(), text),
         Err(_) => {}
@@ -317,7 +318,9 @@ fn error_body(bytes: &[u8]) {
         .status(400)
         .body(bytes.to_vec())
         .expect("a response");
-    let detail = block_on(oci::remote::error_detail(reqwest::Response::from(response)));
+    let detail = block_on(oci::transfer::remote::error_detail(
+        reqwest::Response::from(response),
+    ));
     assert!(
         one_line(&detail),
         "a registry's error is more than one line: {detail:?}"

@@ -2,17 +2,17 @@
 //!
 //! - Read with the `tar` crate (the reader the agent streams an engine's archives through): every
 //!   entry's content is at most its declared size, and only the last entry may come short.
-//! - Each entry's header written again by `oci`'s own writer ([`oci::tar::header`], PAX records
+//! - Each entry's header written again by `oci`'s own writer ([`oci::local::tar::header`], PAX records
 //!   for long and non-UTF-8 names) reads back with the same path, link, kind, mode and size.
 //! - Unpacked into a run's folder of a run store (symbolic links pointing anywhere included; the
 //!   unpacking itself leaves nothing outside), then every name in the archive, and every link's
 //!   target, is opened as a `collect` opens it ([`run_store::inside::open_in_run`]): a file is
 //!   opened only if it is a regular file inside the run's folder reached without a symbolic
 //!   link, and a path with `..` or a leading `/` is refused as leaving the folder.
-//! - The unpacked folder walked into a layer by `oci` ([`oci::layer::write_layer`]) reads back
+//! - The unpacked folder walked into a layer by `oci` ([`oci::local::layer::write_layer`]) reads back
 //!   as the same tree: names, kinds, contents and link targets.
 use crate::support::fresh_dir;
-use oci::tar::{Entry as OciEntry, Kind};
+use oci::local::tar::{Entry as OciEntry, Kind};
 use run_store::inside::{OpenError, open_in_run};
 use run_store::{RunId, Store};
 use std::collections::{BTreeMap, BTreeSet};
@@ -116,7 +116,7 @@ fn header_round_trip(e: &Read1) {
     }
     let mode = e.mode.unwrap_or(0o644) & 0o7777;
     let size = if kind == Kind::File { e.size } else { 0 };
-    let header = oci::tar::header(&OciEntry {
+    let header = oci::local::tar::header(&OciEntry {
         path: &e.path,
         kind,
         mode,
@@ -314,7 +314,7 @@ fn layer_round_trip(run_dir: &Path, tree: &BTreeMap<Vec<u8>, Node>) {
         return;
     }
     let mut layer = Vec::new();
-    if let Err(e) = oci::layer::write_layer(run_dir, &[], 0, None, &mut layer) {
+    if let Err(e) = oci::local::layer::write_layer(run_dir, &[], 0, None, &mut layer) {
         panic!("a folder of files, folders and links did not become a layer: {e}");
     }
     let mut archive = tar::Archive::new(layer.as_slice());

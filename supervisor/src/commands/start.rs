@@ -291,7 +291,7 @@ fn detach(plan: Plan) -> Result<i32> {
             drop(plan);
             let word = match supervise::make_claim_durable(&store, &id) {
                 Ok(()) => supervise::CLAIM_DURABLE.to_vec(),
-                Err(line) => line.into_bytes(),
+                Err(line) => line.to_string().into_bytes(),
             };
             // A supervisor that already refused has gone; its report says why.
             let _ = ours.write_all(&word);

@@ -281,11 +281,25 @@ fn await_durable_claim(plan: &Plan, channel: &mut UnixStream) -> Result<(), Stri
     if !word.is_empty() {
         return Err(String::from_utf8_lossy(&word).into_owned());
     }
-    make_claim_durable(&plan.store, &plan.id)
+    make_claim_durable(&plan.store, &plan.id).map_err(|e| e.to_string())
+}
+
+/// The claim of a run could not be made durable: the line to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimNotDurable(String);
+
+impl std::fmt::Display for ClaimNotDurable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Flushes the rename that claimed `id`; the error is the line to report.
-pub fn make_claim_durable(store: &Store, id: &RunId) -> Result<(), String> {
+pub fn make_claim_durable(store: &Store, id: &RunId) -> Result<(), ClaimNotDurable> {
+    make_claim_durable_line(store, id).map_err(ClaimNotDurable)
+}
+
+fn make_claim_durable_line(store: &Store, id: &RunId) -> Result<(), String> {
     let runs = store.runs_dir();
     atomic::sync_dir(&runs).map_err(|e| {
         format!(

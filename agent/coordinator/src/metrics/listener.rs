@@ -241,9 +241,11 @@ async fn refuse(stream: &mut TcpStream, error: PageError) -> std::io::Result<()>
 async fn render(coordinator: &Arc<Coordinator>, page: &Page) -> Result<Rendered, PageError> {
     let (coordinator, page) = (coordinator.clone(), page.clone());
     tokio::task::spawn_blocking(move || {
-        let context = coordinator
-            .recorder()
-            .page_context(fleet_proto::clock::now_ms());
+        let recorder = coordinator.recorder();
+        let context = page::Context {
+            heartbeat_ms: recorder.heartbeat_ms(),
+            ended_per_minute: recorder.ended_per_minute(fleet_proto::clock::now_ms()),
+        };
         page::render_main(&coordinator, &page, &context)
     })
     .await

@@ -2,7 +2,7 @@
 //! fleet's membership and the blob sweep), the fallback wake-up of sessions with runs waiting,
 //! and the listener for runs created through another coordinator. [`Background`] stops them all.
 use super::ServeConfig;
-use crate::metrics::FleetCounts;
+use crate::census::FleetCounts;
 use crate::store::Beat;
 use crate::{Coordinator, CoordinatorError};
 use fleet_proto::NodeId;
@@ -230,7 +230,7 @@ async fn keep_copies_forever(coordinator: Arc<Coordinator>, period: Duration) {
         for digest in digests {
             let kept = match coordinator.ensure_blob(&digest).await {
                 Ok(()) => coordinator.hold_copies(&digest).await,
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             };
             if let Err(e) = kept {
                 tracing::warn!(%digest, "keeping the content's copies failed: {e}");

@@ -1,7 +1,7 @@
 //! The connections `serve` holds: at most a cap of them at once (a semaphore; the rest wait in
 //! the listen backlog, with one line in the log each time the cap is reached), each a task in
 //! one set, so a shutdown can wait for them for a grace and then cut what is left.
-use crate::metrics::Recorder;
+use crate::recorder::Recorder;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

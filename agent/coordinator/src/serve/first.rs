@@ -2,16 +2,16 @@
 //! session, a node's content fetch or upload, or (from a peer proving the fleet's key) a relay
 //! or a blob copy. Each is handled by a function of its own.
 use super::ServeConfig;
+use super::identify::{ended, known_node};
 use super::link::{self, Stopping};
 use crate::content::{Asker, refuse};
 use crate::error::Dropped;
 use crate::live::Admission;
-use crate::store::NodeRecord;
 use crate::{Coordinator, node_id, token_hash};
 use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::Secret;
 use fleet_proto::pin::{self, CertInfo};
-use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, NodeEnd, Opening, Up};
+use fleet_proto::protocol::{self, Command, Down, MAX_UNIDENTIFIED_FRAME, Opening, Up};
 use fleet_proto::version::{Incompatible, Versions};
 use fleet_proto::{Digest, NodeId, UploadId};
 use std::time::Duration;
@@ -330,28 +330,6 @@ fn peer_cert(stream: &Tls) -> Option<CertInfo> {
     pin::cert_info(certs.first()?).ok()
 }
 
-/// A session or content connection is a known node's only when its certificate carries the
-/// key that node joined with; answers the node's record.
-pub(super) async fn known_node(
-    coordinator: &Coordinator,
-    cert: &CertInfo,
-    node_id: &NodeId,
-) -> Result<NodeRecord, Dropped> {
-    let id = node_id.clone();
-    let node = coordinator
-        .with_store(move |store| store.node(&id))
-        .await?
-        .ok_or_else(|| {
-            Dropped::NotAllowed(format!("a connection for an unknown node {node_id}"))
-        })?;
-    if node.public_key != pin::key_text(&cert.key) {
-        return Err(Dropped::NotAllowed(format!(
-            "a connection for {node_id} from another key"
-        )));
-    }
-    Ok(node)
-}
-
 /// A content connection of a node the operator ended is refused: its tickets are void.
 async fn live_node(
     coordinator: &Coordinator,
@@ -367,12 +345,4 @@ async fn live_node(
         Some(ending) => Err(ended(node_id, ending.end)),
         None => Ok(()),
     }
-}
-
-/// Why a connection of an ended node is dropped, for the coordinator's log.
-pub(super) fn ended(node_id: &NodeId, end: NodeEnd) -> Dropped {
-    Dropped::NotAllowed(format!(
-        "a connection for {node_id}, which the operator {}",
-        end.as_str()
-    ))
 }

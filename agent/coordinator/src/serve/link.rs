@@ -4,7 +4,7 @@
 //! read is refused alone. It ends when the node goes, its credential lapses, or the coordinator
 //! stops ([`Stopping`]).
 use super::ServeConfig;
-use super::first::{ended, known_node};
+use super::identify::{ended, known_node};
 use crate::Coordinator;
 use crate::error::Dropped;
 use crate::live::{FetchSlot, NodeCall, SessionHandle, Wake, beat_now};
@@ -597,7 +597,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> Link<'_, W> {
     async fn content_ready(
         &self,
         run: &crate::store::RunRow,
-    ) -> Result<(), crate::peer::PeerError> {
+    ) -> Result<(), crate::error::PeerError> {
         for digest in run.content() {
             self.coordinator.ensure_blob(&digest).await?;
         }

@@ -6,6 +6,7 @@
 mod background;
 mod connections;
 mod first;
+mod identify;
 mod link;
 
 use crate::error::Dropped;

@@ -370,6 +370,12 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl From<fleet_cli::blocking::Unfinished> for StoreError {
+    fn from(e: fleet_cli::blocking::Unfinished) -> StoreError {
+        StoreError::Db(e.to_string())
+    }
+}
+
 fn schema_message(store: &str, found: Option<u64>, expected: u64) -> String {
     match found {
         Some(found) => format!(
@@ -727,4 +733,16 @@ pub struct DispatchView {
 pub struct Store {
     backend: Box<dyn Backend>,
     keep_final_runs: u64,
+}
+
+crate::placement::described_by_fields!(NodeRecord);
+
+impl crate::placement::Candidate for NodeRecord {
+    fn id(&self) -> &NodeId {
+        &self.id
+    }
+
+    fn available(&self, now: u64) -> bool {
+        self.takes_runs() && now < self.lease_until_ms
+    }
 }

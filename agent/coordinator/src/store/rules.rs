@@ -1235,7 +1235,7 @@ fn place_again(tx: &mut dyn WriteTx, mut lost: RunRow) -> StoreResult<RunRow> {
         return Ok(lost);
     };
     let next = RunRow {
-        id: crate::runs::new_run_id(),
+        id: crate::ids::new_run_id(),
         node_id: node,
         state: RunState::Waiting,
         created_ms: now,

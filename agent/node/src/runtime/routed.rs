@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 /// The least time between two attempts to reach an engine that did not answer.
 pub const RETRY: Duration = Duration::from_secs(10);
 
+/// Why there is no Docker runtime, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoEngine(String);
+
 pub struct Routed {
     process: ProcessRuntime,
     address: EngineAddress,
@@ -60,7 +65,11 @@ impl Routed {
     }
 
     /// The Docker runtime, or the one line saying why there is none.
-    pub fn docker(&self) -> Result<Arc<DockerRuntime>, String> {
+    pub fn docker(&self) -> Result<Arc<DockerRuntime>, NoEngine> {
+        self.docker_line().map_err(NoEngine)
+    }
+
+    fn docker_line(&self) -> Result<Arc<DockerRuntime>, String> {
         let mut engine = self
             .docker
             .lock()
@@ -122,7 +131,7 @@ impl Runtime for Routed {
                 Ok(docker) => docker.start(spec),
                 Err(reason) => Err(RuntimeError::NoEngine {
                     run_id: spec.run_id.to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 }),
             },
         }
@@ -224,7 +233,7 @@ impl Runtime for Routed {
                 let v = docker.engine_version();
                 (true, Some(v.version.clone()), Some(v.api.clone()), None)
             }
-            Err(reason) => (false, None, None, Some(reason)),
+            Err(reason) => (false, None, None, Some(reason.to_string())),
         };
         Some(fleet_proto::facts::EngineFacts {
             name: "docker".into(),

@@ -1,6 +1,6 @@
 //! Reading runs from the engine: a run's container, its status and outcome, this agent's runs.
 use super::marks::Mark;
-use super::timers::{grace_of, time_left};
+use super::timers::{grace_of, is_running, label, time_left};
 use super::{
     DockerRuntime, LABEL_AGENT, LABEL_OUTPUT_LIMIT, LABEL_RUN, RunState, RunStatus, RuntimeError,
     container_name, status_of,
@@ -168,15 +168,6 @@ impl DockerRuntime {
         }
         Ok(runs)
     }
-}
-
-pub(super) fn is_running(info: &ContainerInspectResponse) -> bool {
-    info.state.as_ref().and_then(|s| s.running) == Some(true)
-}
-
-pub(super) fn label(info: &ContainerInspectResponse, name: &str) -> Option<u64> {
-    let labels = info.config.as_ref()?.labels.as_ref()?;
-    labels.get(name)?.parse().ok()
 }
 
 /// One output stream being read: counted and hashed in full, its last KiB kept.

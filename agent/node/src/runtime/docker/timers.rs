@@ -1,6 +1,5 @@
 //! Ending runs: an operator's stop, and the timers that stop a run at its timeout.
 use super::marks::{Mark, set_mark};
-use super::observe::{is_running, label};
 use super::{
     Changes, DEFAULT_GRACE, DockerRuntime, LABEL_GRACE_MS, LABEL_TIMEOUT_MS, RuntimeError,
     container_name, describe, status_of, time,
@@ -144,4 +143,13 @@ impl Timers {
             .await
             .map_err(|e| describe(&e))
     }
+}
+
+pub(super) fn is_running(info: &ContainerInspectResponse) -> bool {
+    info.state.as_ref().and_then(|s| s.running) == Some(true)
+}
+
+pub(super) fn label(info: &ContainerInspectResponse, name: &str) -> Option<u64> {
+    let labels = info.config.as_ref()?.labels.as_ref()?;
+    labels.get(name)?.parse().ok()
 }
