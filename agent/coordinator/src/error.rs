@@ -134,3 +134,9 @@ pub enum PeerError {
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Each(Vec<PeerError>),
 }
+
+impl From<fleet_cli::blocking::Unfinished> for CoordinatorError {
+    fn from(e: fleet_cli::blocking::Unfinished) -> CoordinatorError {
+        CoordinatorError::Request(e.to_string())
+    }
+}

@@ -8,6 +8,7 @@
 mod bundles;
 mod census;
 pub mod check;
+pub mod commands;
 mod commit;
 mod content;
 mod coordinator;
