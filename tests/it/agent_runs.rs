@@ -577,10 +577,10 @@ mod node_commands {
         // A run's record refers to its program and its inputs; a stage no run followed, to none.
         let record = |run: &str| {
             let workload = Workload::Program(program);
-            node.store
+            node.store()
                 .track_run_with(run, &workload, std::slice::from_ref(&input))
                 .unwrap();
-            node.store
+            node.store()
                 .transition(run, RunState::Finished, RunReport::default())
                 .unwrap();
         };
@@ -600,13 +600,13 @@ mod node_commands {
             Workload::Program(Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap());
         for n in 0..fleet_agent::state::KEEP_FINAL_RUNS {
             let run = format!("r-{n}");
-            node.store.track_run(&run, &workload).unwrap();
-            node.store
+            node.store().track_run(&run, &workload).unwrap();
+            node.store()
                 .transition(&run, RunState::Finished, RunReport::default())
                 .unwrap();
         }
         assert_eq!(
-            node.store.run("r-old").unwrap(),
+            node.store().run("r-old").unwrap(),
             None,
             "retention forgot it"
         );
@@ -694,7 +694,7 @@ mod node_commands {
             "r-a and r-d ran once each"
         );
         // Every state change is spooled once, with increasing ids.
-        let events = node.store.pending_events(0, 100).unwrap();
+        let events = node.store().pending_events(0, 100).unwrap();
         let ids: Vec<u64> = events.iter().map(|e| e.id).collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
         let c_failed = events

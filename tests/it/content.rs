@@ -806,7 +806,10 @@ fn the_blob_sweep_removes_only_content_no_run_refers_to_after_its_grace() {
     let mut run = conformance::run("r1", "s1", "n-1", b"", 1);
     run.workload = fleet_proto::run::Workload::Program(program);
     run.options.inputs = vec![("data".into(), input)];
-    coordinator.store().create_set("s1", &[run]).unwrap();
+    coordinator
+        .store()
+        .create_set(&"s1".into(), &[run])
+        .unwrap();
     let cut_upload = coordinator.blobs().collected_partial(&"u1".into());
     std::fs::create_dir_all(cut_upload.parent().unwrap()).unwrap();
     std::fs::write(&cut_upload, "half").unwrap();

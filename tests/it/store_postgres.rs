@@ -123,13 +123,13 @@ fn a_set_placed_while_a_drain_commits_is_refused_for_the_drained_node() {
         "psql began the drain"
     );
     let run = conformance::run("r-1", "s-1", "n-a", b"p", 10);
-    let e = store.create_set("s-1", &[run]).unwrap_err();
+    let e = store.create_set(&"s-1".into(), &[run]).unwrap_err();
     assert!(drain.wait().unwrap().success());
     assert!(
         matches!(&e, StoreError::Refused(why) if why == "the node n-a is draining: it takes no new run"),
         "{e}"
     );
-    assert!(store.set_runs("s-1").unwrap().is_none());
+    assert!(store.set_runs(&"s-1".into()).unwrap().is_none());
     assert!(store.run(&RunId::parse("r-1").unwrap()).unwrap().is_none());
 }
 
@@ -198,7 +198,7 @@ fn runs_finished_by_many_nodes_at_once_all_land() {
             (0..RUNS).map(|r| conformance::run(&format!("r{n}-{r}"), "s", node.as_str(), b"p", 1)),
         );
     }
-    store.create_set("s", &runs).unwrap();
+    store.create_set(&"s".into(), &runs).unwrap();
     let barrier = Arc::new(Barrier::new(NODES));
     let nodes: Vec<_> = (0..NODES)
         .map(|n| {
@@ -596,12 +596,12 @@ fn a_queue_first_read_on_empty_tables_is_read_by_index_once_they_fill() {
         assert!(store.waiting_runs(&node).unwrap().is_empty());
     }
     store
-        .create_set("s", &[conformance::run("r0", "s", "n0", b"p", 1)])
+        .create_set(&"s".into(), &[conformance::run("r0", "s", "n0", b"p", 1)])
         .unwrap();
     let filler: Vec<_> = (0..20_000)
         .map(|i| conformance::run(&format!("f{i}"), "big", &format!("m{i}"), b"p", 1))
         .collect();
-    store.create_set("big", &filler).unwrap();
+    store.create_set(&"big".into(), &filler).unwrap();
     // Scans of the queue's tables, as the server counts them once each backend reports.
     let scans = |kind: &str| -> u64 {
         let sql = format!(

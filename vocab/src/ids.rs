@@ -1,5 +1,5 @@
 //! The protocol's ids, one type each, so one is never passed where another belongs: a node, a
-//! command's operation, an upload.
+//! command's operation, a set of runs, an upload.
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -48,6 +48,10 @@ text_id!(
     /// One command sent to a node: the node records its answer under it, so a redelivery is
     /// answered from the record and never done twice.
     OpId
+);
+text_id!(
+    /// A set of runs asked for together (`run --count`, `--all`), named by the coordinator.
+    SetId
 );
 text_id!(
     /// One collect's upload, named by the coordinator: what a resumed try continues.

@@ -12,5 +12,5 @@ mod run_id;
 
 pub use bytes::Bytes;
 pub use digest::{Digest, DigestError};
-pub use ids::{NodeId, OpId, UploadId};
+pub use ids::{NodeId, OpId, SetId, UploadId};
 pub use run_id::{RunId, RunIdError};

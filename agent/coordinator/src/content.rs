@@ -228,16 +228,14 @@ impl Coordinator {
             path: self.blobs().root().to_path_buf(),
             cause,
         };
-        let old: Vec<String> = (self.blobs().list().map_err(in_blobs)?)
+        let old: Vec<Digest> = (self.blobs().list().map_err(in_blobs)?)
             .into_iter()
             .filter(|(_, age)| *age >= grace)
-            .map(|(d, _)| d.to_string())
+            .map(|(d, _)| d)
             .collect();
         for digest in self.store().unreferenced(&old)? {
-            if let Ok(digest) = Digest::parse(&digest) {
-                let _ = std::fs::remove_file(self.blobs().path(&digest));
-                tracing::info!(%digest, "removed a blob no run refers to");
-            }
+            let _ = std::fs::remove_file(self.blobs().path(&digest));
+            tracing::info!(%digest, "removed a blob no run refers to");
         }
         for path in self.blobs().remove_stale(grace).map_err(in_blobs)? {
             tracing::info!(path = %path.display(), "removed what a transfer left unfinished");

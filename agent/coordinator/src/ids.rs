@@ -1,6 +1,6 @@
 //! Ids the coordinator mints: a run's and a set's, random so that coordinators sharing a store
 //! never mint the same one.
-use fleet_proto::RunId;
+use fleet_proto::{RunId, SetId};
 use rand::RngCore;
 
 fn random_id(prefix: &str) -> String {
@@ -14,6 +14,6 @@ pub(crate) fn new_run_id() -> RunId {
     RunId::parse(&random_id("r")).expect("r-HEX is a run id")
 }
 
-pub(crate) fn new_set_id() -> String {
-    random_id("s")
+pub(crate) fn new_set_id() -> SetId {
+    SetId::new(random_id("s"))
 }

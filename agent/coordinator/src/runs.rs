@@ -7,7 +7,7 @@ use fleet_cli::blocking::off_thread;
 use fleet_proto::clock::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
-use fleet_proto::{Digest, NodeId, RunId, UploadId};
+use fleet_proto::{Digest, NodeId, RunId, SetId, UploadId};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -94,7 +94,7 @@ impl RunRequest {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SetView {
-    pub set_id: String,
+    pub set_id: SetId,
     pub program: String,
     pub runs: Vec<RunId>,
 }
@@ -103,7 +103,7 @@ pub struct SetView {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunView {
     pub run_id: RunId,
-    pub set_id: String,
+    pub set_id: SetId,
     pub node_id: NodeId,
     pub state: RunState,
     /// How the run ended, whichever runtime ran it.
@@ -512,7 +512,7 @@ impl Coordinator {
     ) -> Result<Vec<RunView>, CoordinatorError> {
         let mut views: Vec<RunView> = match (set, run) {
             (Some(set), _) => {
-                let ids = self.store().set_ids(set)?.ok_or_else(|| {
+                let ids = self.store().set_ids(&SetId::from(set))?.ok_or_else(|| {
                     CoordinatorError::Request(format!(
                         "no set {set}: it never existed or was pruned"
                     ))

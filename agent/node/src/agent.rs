@@ -154,11 +154,11 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
         let node = node.clone();
         let began = tokio::time::Instant::now();
         tokio::spawn(async move {
-            let in_session = || node.in_session.load(std::sync::atomic::Ordering::SeqCst);
+            let in_session = || node.in_session();
             releases
                 .trial(from, to, deadline_ms, began, &in_session)
                 .await;
-            node.facts_changed.notify_one();
+            node.tell_facts_changed();
         });
     }
     // Starts a crash cut off before their launch: those that cannot be completed fail before
@@ -225,7 +225,7 @@ fn open_node(config: &AgentConfig, node_id: &fleet_proto::NodeId) -> Result<Node
     );
     let node = Node::open(&config.state, Arc::new(runtime))?
         .with_run_store(config.facts.run_store.clone());
-    let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
+    let report = node.sync_runs()?;
     if !report.events.is_empty() {
         tracing::info!(
             events = report.events.len(),

@@ -5,7 +5,6 @@
 //! names in `RestartPreventExitStatus`, so systemd does not start it again.
 use crate::node::Node;
 use fleet_content::files;
-use fleet_proto::RunId;
 use fleet_proto::protocol::NodeEnd;
 use fleet_proto::unit::{ENDED_EXIT_STATUS, UNIT_NAME};
 use std::io;
@@ -49,7 +48,7 @@ pub fn noted(state: &Path) -> Option<EndedError> {
 
 /// Stops the node's runs and does what `end` asks of the machine; answers the agent's last line.
 pub fn carry_out(end: NodeEnd, state: &Path, node: &Node) -> EndedError {
-    stop_runs(node);
+    node.stop_runs();
     let done = match end {
         NodeEnd::Revoked => files::write_private(&state.join(ENDED_FILE), end.as_str().as_bytes())
             .map(|()| EndedError::Revoked(state.to_path_buf())),
@@ -59,22 +58,6 @@ pub fn carry_out(end: NodeEnd, state: &Path, node: &Node) -> EndedError {
         }),
     };
     done.unwrap_or_else(EndedError::Unfinished)
-}
-
-/// Stops every run the node holds, each the way its timeout would.
-fn stop_runs(node: &Node) {
-    let runs = match node.store.active_runs() {
-        Ok(runs) => runs,
-        Err(e) => return tracing::warn!("cannot list the runs to stop: {e}"),
-    };
-    for run in runs {
-        let Ok(id) = RunId::parse(&run.run_id) else {
-            continue;
-        };
-        if let Err(e) = node.runtime.stop(&id) {
-            tracing::warn!(run_id = %id, "cannot stop a run: {e}");
-        }
-    }
 }
 
 /// Removes what the state folder holds; the folder itself is the unit's `StateDirectory`.

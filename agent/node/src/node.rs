@@ -2,11 +2,11 @@
 //! before it is answered, so a redelivered command is answered from the record, never redone.
 use crate::content::ContentLink;
 use crate::facts::LinkMeter;
-use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started};
+use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started, SyncReport};
 use crate::state::{Launch, StateError, Store};
 use fleet_content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
-use fleet_proto::run::Workload;
+use fleet_proto::run::{Event, Workload};
 use fleet_proto::{Digest, RunId, UploadId};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
@@ -28,8 +28,8 @@ pub fn content_blobs(state: &Path) -> Blobs {
 
 /// The node's durable store and its runtime.
 pub struct Node {
-    pub store: Arc<Store>,
-    pub runtime: Arc<dyn Runtime>,
+    store: Arc<Store>,
+    runtime: Arc<dyn Runtime>,
     /// Temporary files (programs being staged, inputs, collected files); never secrets.
     scratch: PathBuf,
     /// Content held whole and checked, by digest.
@@ -43,13 +43,100 @@ pub struct Node {
     /// When the content was last pruned.
     pruned_at: std::sync::Mutex<Option<Instant>>,
     /// Where its releases live; None refuses updates.
-    pub releases: Option<crate::update::Releases>,
+    releases: Option<crate::update::Releases>,
     /// The run store, whose disk the checks measure (the content store's when None).
     run_store: Option<PathBuf>,
     /// Whether a session is open now (what a new release's trial waits for).
-    pub in_session: std::sync::atomic::AtomicBool,
+    in_session: std::sync::atomic::AtomicBool,
     /// Told when the facts changed outside a session's reading of them (a release kept).
-    pub facts_changed: tokio::sync::Notify,
+    facts_changed: tokio::sync::Notify,
+}
+
+/// What the session and the agent ask of the node: its spool, its runs as the runtime sees them,
+/// its releases, and whether a session is open.
+impl Node {
+    /// The node's durable records, for a tool or a test that reads or writes them outside a
+    /// session.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Refuses a session generation older than the newest seen (a stale coordinator's).
+    pub fn check_generation(&self, generation: u64) -> Result<(), StateError> {
+        self.store.check_generation(generation)
+    }
+
+    /// Up to `limit` spooled events after `after`, oldest first.
+    pub fn pending_events(&self, after: u64, limit: usize) -> Result<Vec<Event>, StateError> {
+        self.store.pending_events(after, limit)
+    }
+
+    /// Trims the spool up to the event the coordinator stored.
+    pub fn ack_events(&self, up_to: u64) -> Result<u64, StateError> {
+        self.store.ack_events(up_to)
+    }
+
+    /// Every run's record brought up to date with the runtime (re-adoption and watching).
+    pub fn sync_runs(&self) -> Result<SyncReport, StateError> {
+        crate::runtime::sync_runs(&self.store, self.runtime.as_ref())
+    }
+
+    /// One run's record brought up to date with the runtime.
+    pub fn sync_run(&self, run: &str) -> Result<SyncReport, StateError> {
+        crate::runtime::sync_run(&self.store, self.runtime.as_ref(), run)
+    }
+
+    /// The runtime's leftovers of runs the records call done, removed; the runs tidied.
+    pub fn tidy(&self) -> Result<Vec<String>, RuntimeError> {
+        let record = |run: &str| self.store.run(run).ok().flatten().map(|r| r.state);
+        self.runtime.tidy(&record)
+    }
+
+    /// Where the runtime notes runs that changed on their own, if it does.
+    pub fn changes(&self) -> Option<crate::runtime::Changes> {
+        self.runtime.changes()
+    }
+
+    /// Stops every run the node holds, each the way its timeout would.
+    pub fn stop_runs(&self) {
+        let runs = match self.store.active_runs() {
+            Ok(runs) => runs,
+            Err(e) => return tracing::warn!("cannot list the runs to stop: {e}"),
+        };
+        for run in runs {
+            let Ok(id) = RunId::parse(&run.run_id) else {
+                continue;
+            };
+            if let Err(e) = self.runtime.stop(&id) {
+                tracing::warn!(run_id = %id, "cannot stop a run: {e}");
+            }
+        }
+    }
+
+    /// Where its releases live; None refuses updates.
+    pub fn releases(&self) -> Option<&crate::update::Releases> {
+        self.releases.as_ref()
+    }
+
+    /// A session opened (true) or closed (false): what a new release's trial waits for.
+    pub fn set_in_session(&self, open: bool) {
+        self.in_session
+            .store(open, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn in_session(&self) -> bool {
+        self.in_session.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Tells the session its facts changed outside its reading of them (a release kept).
+    pub fn tell_facts_changed(&self) {
+        self.facts_changed.notify_one();
+    }
+
+    /// Waits until the facts changed outside a session's reading of them.
+    pub async fn facts_changed(&self) {
+        self.facts_changed.notified().await
+    }
 }
 
 /// Content no run record refers to is removed once untouched this long: the grace covers a

@@ -226,20 +226,18 @@ impl Session<'_> {
             (self.remember)(self.coordinators.all());
         }
         let node = self.node.clone();
-        if let Err(e) = blocking(move || node.store.check_generation(generation)).await {
+        if let Err(e) = blocking(move || node.check_generation(generation)).await {
             return Ended::Store(e);
         }
         backoff.reset();
-        if let Some(releases) = &self.node.releases
+        if let Some(releases) = self.node.releases()
             && releases.confirm_blame()
         {
             tracing::warn!(
                 "the restored agent holds a session: the reverted release is blamed, never tried again"
             );
         }
-        self.node
-            .in_session
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.node.set_in_session(true);
         tracing::info!(generation, node_id = %self.membership.node_id, coordinator = %self.coordinators.current(), %protocol, "session open");
         let (reader, mut writer) = tokio::io::split(stream);
         // A reader task of its own: a read cancelled halfway through a frame would lose it.
@@ -269,9 +267,7 @@ impl Session<'_> {
         if said_stopping.load(std::sync::atomic::Ordering::SeqCst) && !went {
             ended = Ended::Stopping;
         }
-        self.node
-            .in_session
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.node.set_in_session(false);
         reading.abort();
         ended
     }
@@ -360,7 +356,7 @@ impl Session<'_> {
         // Starts run side by side (their supervisors spawn while the store syncs); a command
         // about a run waits for that run's start, so it never overtakes the start it follows.
         let mut working = Working::default();
-        let changes = self.node.runtime.changes();
+        let changes = self.node.changes();
         // Home is left for only once it has welcomed the node: no moment without a session.
         let home = self.coordinators.dial_home(|home| async move {
             let dialed = self.dial(home).await.map_err(drop)?;
@@ -389,7 +385,7 @@ impl Session<'_> {
                     }
                 }
                 _ = tokio::time::sleep_until(renew_at) => return Ended::Renew,
-                _ = self.node.facts_changed.notified() => {
+                _ = self.node.facts_changed() => {
                     let facts = Up::Facts { facts: self.facts.collect(self.node.holdings()).await };
                     if let Err(e) = protocol::write_msg(writer, &facts).await {
                         return e.into();
@@ -422,7 +418,7 @@ impl Session<'_> {
                     }
                     Some(Ok(Some(Ok(Down::Ack { up_to })))) => {
                         let node = self.node.clone();
-                        if let Err(e) = blocking(move || node.store.ack_events(up_to)).await {
+                        if let Err(e) = blocking(move || node.ack_events(up_to)).await {
                             return Ended::Store(e);
                         }
                     }
@@ -507,12 +503,12 @@ impl Session<'_> {
             Ok(Done { op, answer, held }) => {
                 working.release(&held);
                 let started = answer.is_ok();
-                let swapped = match (&answer, &self.node.releases) {
+                let swapped = match (&answer, self.node.releases()) {
                     (Ok(Reply::Updating { to, .. }), Some(r)) => r.started_as != *to,
                     _ => false,
                 };
                 protocol::write_msg(writer, &Up::Result { op, answer }).await?;
-                if swapped && let Some(releases) = &self.node.releases {
+                if swapped && let Some(releases) = self.node.releases() {
                     // The answer is out; the watchdog watches this process, which becomes the new agent.
                     let e = releases.exec();
                     tracing::error!("cannot restart into the new release: {e}");
@@ -521,11 +517,9 @@ impl Session<'_> {
                 // answer instead of at the next heartbeat.
                 if let (Holds::Start(run), true) = (held, started) {
                     let node = self.node.clone();
-                    let report = blocking(move || {
-                        crate::runtime::sync_run(&node.store, node.runtime.as_ref(), &run)
-                    })
-                    .await
-                    .map_err(Ended::Store)?;
+                    let report = blocking(move || node.sync_run(&run))
+                        .await
+                        .map_err(Ended::Store)?;
                     for e in report.errors {
                         tracing::warn!("cannot read a run's state: {e}");
                     }
@@ -569,9 +563,7 @@ impl Session<'_> {
         let errors = blocking(move || {
             let mut errors = Vec::new();
             for run in &runs {
-                errors.extend(
-                    crate::runtime::sync_run(&node.store, node.runtime.as_ref(), run)?.errors,
-                );
+                errors.extend(node.sync_run(run)?.errors);
             }
             Ok::<_, crate::state::StateError>(errors)
         })
@@ -591,9 +583,8 @@ impl Session<'_> {
     ) -> Result<(), Ended> {
         let node = self.node.clone();
         let (report, tidied) = blocking(move || {
-            let report = crate::runtime::sync_runs(&node.store, node.runtime.as_ref())?;
-            let record = |run: &str| node.store.run(run).ok().flatten().map(|r| r.state);
-            let tidied = node.runtime.tidy(&record);
+            let report = node.sync_runs()?;
+            let tidied = node.tidy();
             node.prune_content_when_due();
             Ok::<_, crate::state::StateError>((report, tidied))
         })
@@ -616,7 +607,7 @@ impl Session<'_> {
         loop {
             let node = self.node.clone();
             let after = *sent_up_to;
-            let events = blocking(move || node.store.pending_events(after, EVENT_BATCH))
+            let events = blocking(move || node.pending_events(after, EVENT_BATCH))
                 .await
                 .map_err(Ended::Store)?;
             let Some(last) = events.last().map(|e| e.id) else {

@@ -35,4 +35,4 @@ pub mod run;
 pub mod unit;
 pub mod version;
 
-pub use fleet_vocab::{Bytes, Digest, NodeId, OpId, RunId, UploadId};
+pub use fleet_vocab::{Bytes, Digest, NodeId, OpId, RunId, SetId, UploadId};

@@ -619,7 +619,7 @@ fn run(r: &RunView) -> String {
         "<h1>Run {id}</h1><table id=\"run\"><tr><th>set</th><td><a href=\"/sets/{set}\">{set}</a></td></tr>\
 <tr><th>node</th><td>{node}</td></tr><tr><th>state</th><td id=\"run-state\" class=\"{state}\">{state}</td></tr>",
         id = esc(r.run_id.as_str()),
-        set = esc(&r.set_id),
+        set = esc(r.set_id.as_str()),
         node = esc(r.node_id.as_str()),
         state = r.state,
     );

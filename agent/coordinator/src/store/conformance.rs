@@ -194,12 +194,13 @@ fn join_live(store: &Store, node_id: &str, key: &str) {
 }
 
 fn create(store: &Store, set_id: &str, runs: &[RunRow]) {
-    store.create_set(set_id, runs).unwrap();
+    store.create_set(&set_id.into(), runs).unwrap();
 }
 
 /// How many references stored runs hold on the content.
 fn refs(store: &Store, digest: &str) -> u64 {
-    store.read(|tx| tx.program_refs(digest)).unwrap()
+    let digest = fleet_proto::Digest::parse(digest).unwrap();
+    store.read(|tx| tx.program_refs(&digest)).unwrap()
 }
 
 /// A node's facts: `cpus` cores, as many runs at once.
@@ -744,29 +745,32 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
     join(&store, NODE_A, KEY_A);
     let p = digest(b"p").to_string();
     let refused = |result| matches!(result, Err(StoreError::Refused(_)));
-    assert!(refused(store.create_set("s0", &[])), "no runs");
+    assert!(refused(store.create_set(&"s0".into(), &[])), "no runs");
     assert!(
-        refused(store.create_set("s0", &[run("r0", "s9", NODE_A, b"p", 1)])),
+        refused(store.create_set(&"s0".into(), &[run("r0", "s9", NODE_A, b"p", 1)])),
         "a run of another set"
     );
     let mut accepted = run("r0", "s0", NODE_A, b"p", 1);
     accepted.accepted = true;
-    assert!(refused(store.create_set("s0", &[accepted])));
-    assert!(store.set_runs("s0").unwrap().is_none(), "nothing recorded");
+    assert!(refused(store.create_set(&"s0".into(), &[accepted])));
+    assert!(
+        store.set_runs(&"s0".into()).unwrap().is_none(),
+        "nothing recorded"
+    );
     assert_eq!(refs(&store, &p), 0, "nothing recorded");
     create(&store, "s1", &[run("r1", "s1", NODE_A, b"p", 1)]);
     assert_eq!(refs(&store, &p), 1);
     let mut with_input = run("r2", "s2", NODE_A, b"p", 2);
     let input = digest(b"i");
     with_input.options.inputs = vec![("data".into(), input)];
-    store.create_set("s2", &[with_input]).unwrap();
+    store.create_set(&"s2".into(), &[with_input]).unwrap();
     assert_eq!(
         refs(&store, &input.to_string()),
         1,
         "an input is referenced too"
     );
     assert!(
-        refused(store.create_set("s2", &[run("r3", "s2", NODE_A, b"p", 3)])),
+        refused(store.create_set(&"s2".into(), &[run("r3", "s2", NODE_A, b"p", 3)])),
         "an existing set"
     );
     // A run there before (r1), or named twice in the set (r5), after a new one.
@@ -775,7 +779,7 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
             run(first, "s3", NODE_A, b"p", 3),
             run(second, "s3", NODE_A, b"p", 4),
         ];
-        match store.create_set("s3", &set) {
+        match store.create_set(&"s3".into(), &set) {
             Err(StoreError::Refused(why)) => {
                 assert_eq!(why, format!("the run {named} exists already"))
             }
@@ -785,7 +789,7 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
     assert!(store.run(&rid("r4")).unwrap().is_none(), "nothing recorded");
     assert!(store.run(&rid("r5")).unwrap().is_none(), "nothing recorded");
     let s1: Vec<RunId> = store
-        .set_runs("s1")
+        .set_runs(&"s1".into())
         .unwrap()
         .unwrap()
         .into_iter()
@@ -793,7 +797,7 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
         .collect();
     assert_eq!(s1, ["r1"]);
     assert_eq!(active_ids(&store), ["r1", "r2"]);
-    assert_eq!(store.read(|tx| tx.program_refs(&p)).unwrap(), 2);
+    assert_eq!(refs(&store, &p), 2);
     // More than one PostgreSQL statement's worth (1 000 rows): a run named twice far apart is
     // still refused with nothing recorded, and the set without it is recorded whole, in order.
     let big: Vec<RunRow> = (0..2500u64)
@@ -801,16 +805,16 @@ pub fn create_set_checks_its_runs_and_programs(blank: Blank) {
         .collect();
     let mut twice = big.clone();
     twice[2100] = run("b7", "s4", NODE_A, b"p", 5000);
-    match store.create_set("s4", &twice) {
+    match store.create_set(&"s4".into(), &twice) {
         Err(StoreError::Refused(why)) => assert_eq!(why, "the run b7 exists already"),
         other => panic!("a run named twice must be refused, not {other:?}"),
     }
     assert!(store.run(&rid("b0")).unwrap().is_none(), "nothing recorded");
     create(&store, "s4", &big);
-    let s4 = store.set_runs("s4").unwrap().unwrap();
+    let s4 = store.set_runs(&"s4".into()).unwrap().unwrap();
     assert!(s4.iter().map(|r| &r.id).eq(big.iter().map(|r| &r.id)));
     assert_eq!(active_ids(&store).len(), 2502);
-    assert_eq!(store.read(|tx| tx.program_refs(&p)).unwrap(), 2502);
+    assert_eq!(refs(&store, &p), 2502);
 }
 
 /// Retention keeps the newest `keep` final runs: beyond it the oldest is pruned, its set once
@@ -861,7 +865,7 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
         "the oldest final run is pruned"
     );
     assert!(
-        store.set_runs("s1").unwrap().is_none(),
+        store.set_runs(&"s1".into()).unwrap().is_none(),
         "its set, now empty, too"
     );
     assert!(refs(&store, &p1) == 0, "its program, now unused, too");
@@ -872,7 +876,7 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
         .unwrap();
     assert!(store.run(&rid("r2")).unwrap().is_none());
     let s2: Vec<RunId> = store
-        .set_runs("s2")
+        .set_runs(&"s2".into())
         .unwrap()
         .expect("a set with a kept run stays")
         .into_iter()
@@ -884,7 +888,7 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     finish("r5", 4);
     assert!(store.run(&rid("r4")).unwrap().is_none());
     assert_eq!(
-        store.set_runs("s3").unwrap().map(|runs| runs.len()),
+        store.set_runs(&"s3".into()).unwrap().map(|runs| runs.len()),
         Some(1)
     );
     assert!(refs(&store, &p3) > 0, "r5 still uses p3");
@@ -903,7 +907,10 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     store
         .fail_run(&rid("r3"), RunState::Failed, "again")
         .unwrap();
-    assert!(store.set_runs("s2").unwrap().is_none(), "s2 pruned with r3");
+    assert!(
+        store.set_runs(&"s2".into()).unwrap().is_none(),
+        "s2 pruned with r3"
+    );
     assert!(refs(&store, &p2) == 0, "p2 pruned with r3");
     create(
         &store,
@@ -918,9 +925,9 @@ pub fn retention_prunes_oldest_run_set_and_program(blank: Blank) {
     assert!(store.run(&rid("r6")).unwrap().is_none(), "r6 pruned");
     assert!(refs(&store, &p1) > 0, "r7 (waiting) still uses p1");
     assert_eq!(active_ids(&store), ["r7"]);
-    assert_eq!(store.read(|tx| tx.program_refs(&p1)).unwrap(), 1);
+    assert_eq!(refs(&store, &p1), 1);
     assert!(refs(&store, &p3) == 0, "r5 pruned with p3's last use");
-    assert!(store.set_runs("s3").unwrap().is_none());
+    assert!(store.set_runs(&"s3".into()).unwrap().is_none());
     // What the copy sweep keeps: the content stored runs still refer to, and only that.
     let mut referenced: Vec<String> = (store.referenced_content().unwrap().iter())
         .map(|d| d.to_string())
@@ -1098,10 +1105,13 @@ pub fn retention_is_per_node(blank: Blank) {
     assert!(store.run(&rid("a3")).unwrap().is_some() && store.run(&rid("a4")).unwrap().is_some());
     assert_eq!(final_count(&store), 2);
     assert_eq!(store.read(|tx| tx.final_count(&nid(NODE_B))).unwrap(), 1);
-    let mut kept: Vec<RunId> = (store.set_runs("s1").unwrap().expect("the set stays"))
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let mut kept: Vec<RunId> = (store
+        .set_runs(&"s1".into())
+        .unwrap()
+        .expect("the set stays"))
+    .into_iter()
+    .map(|r| r.id)
+    .collect();
     kept.sort();
     assert_eq!(kept, ["a3", "a4", "b1"]);
 }
@@ -1385,7 +1395,7 @@ pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
     );
     assert_eq!(closed[0].lease_until_ms, 20_000, "with its lease");
     let refused = store.create_set(
-        "s2",
+        &"s2".into(),
         &[
             run("r4", "s2", NODE_B, b"p", 4),
             run("r5", "s2", NODE_A, b"p", 5),
@@ -1395,7 +1405,10 @@ pub fn a_drain_is_kept_and_refuses_new_runs(blank: Blank) {
         matches!(&refused, Err(StoreError::Refused(why)) if why.contains("n-a is draining")),
         "{refused:?}"
     );
-    assert!(store.set_runs("s2").unwrap().is_none(), "nothing recorded");
+    assert!(
+        store.set_runs(&"s2".into()).unwrap().is_none(),
+        "nothing recorded"
+    );
     assert_eq!(store.runs_out().unwrap().get(&nid(NODE_B)), Some(&1));
     store
         .apply_events(&nid(NODE_A), &[event(1, "r1", RunState::Finished)])
@@ -1551,7 +1564,7 @@ pub fn ending_a_node_loses_its_runs_and_forget_removes_it(blank: Blank) {
         Ok(EndOutcome::AlreadyEnded(NodeEnd::Retired))
     ));
     assert_eq!(store.node_changes().unwrap(), 1);
-    let refused = store.create_set("s2", &[run("r4", "s2", NODE_A, b"p", 4)]);
+    let refused = store.create_set(&"s2".into(), &[run("r4", "s2", NODE_A, b"p", 4)]);
     assert!(
         matches!(&refused, Err(StoreError::Refused(why)) if why.contains("n-a is retired")),
         "{refused:?}"
@@ -1638,7 +1651,7 @@ pub fn a_lost_run_with_retries_is_placed_again_once(blank: Blank) {
     assert_eq!(next.previous, Some(rid("r1")));
     assert_eq!(next.retry.as_ref().map(|r| r.left), Some(0));
     let ids: Vec<RunId> = store
-        .set_runs("s1")
+        .set_runs(&"s1".into())
         .unwrap()
         .unwrap()
         .into_iter()
@@ -1646,14 +1659,14 @@ pub fn a_lost_run_with_retries_is_placed_again_once(blank: Blank) {
         .collect();
     assert_eq!(ids, vec![rid("r1"), rid("r2"), next_id.clone()]);
     assert_eq!(store.waiting_runs(&nid(NODE_B)).unwrap().len(), 1);
-    let digest = next.content_digests()[0].clone();
+    let digest = next.content()[0];
     assert_eq!(store.unreferenced(&[digest]).unwrap().len(), 0);
     let again = store
         .fail_run(&next_id, RunState::Lost, "node n-b stopped answering")
         .unwrap()
         .unwrap();
     assert!(again.retried_as.is_none(), "no retry left");
-    assert_eq!(store.set_runs("s1").unwrap().unwrap().len(), 3);
+    assert_eq!(store.set_runs(&"s1".into()).unwrap().unwrap().len(), 3);
 }
 
 /// Runs queued for a match (under `unplaced`) stay there while no node matches; once one does,

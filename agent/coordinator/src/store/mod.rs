@@ -19,7 +19,7 @@ use fleet_proto::facts::Facts;
 use fleet_proto::protocol::NodeEnd;
 use fleet_proto::run::{Event, RunOptions, RunReport, RunState, Workload};
 use fleet_proto::version::{Incompatible, ProtocolVersion};
-use fleet_proto::{NodeId, RunId};
+use fleet_proto::{Digest, NodeId, RunId, SetId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -178,7 +178,7 @@ pub struct NodeBrief {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRow {
     pub id: RunId,
-    pub set_id: String,
+    pub set_id: SetId,
     /// Its place among its set's runs, so runs created together go out in that order.
     #[serde(default)]
     pub position: u32,
@@ -262,11 +262,6 @@ pub struct Retry {
 impl RunRow {
     /// The content the run refers to by digest: its program, if it executes one, and its
     /// inputs; each holds a reference on its blob while the run is stored.
-    pub fn content_digests(&self) -> Vec<String> {
-        self.content().iter().map(ToString::to_string).collect()
-    }
-
-    /// [`RunRow::content_digests`], as digests.
     pub fn content(&self) -> Vec<fleet_proto::Digest> {
         let program = match &self.workload {
             Workload::Program(digest) => Some(*digest),
@@ -368,6 +363,11 @@ pub enum StoreError {
     Cut(String),
     #[error("the coordinator store holds a corrupt record under {0}")]
     Corrupt(String),
+}
+
+/// A digest as a backend stored it: one that does not read back is a corrupt record.
+fn stored_digest(text: &str) -> StoreResult<Digest> {
+    Digest::parse(text).map_err(|_| StoreError::Corrupt(format!("a content reference {text}")))
 }
 
 impl From<fleet_cli::blocking::Unfinished> for StoreError {
@@ -538,9 +538,9 @@ pub trait ReadTx {
     }
     /// Program digest -> its bytes.
     /// How many references stored runs hold on the content (0 when unknown).
-    fn program_refs(&self, digest: &str) -> StoreResult<u64>;
+    fn program_refs(&self, digest: &Digest) -> StoreResult<u64>;
     /// Every digest a stored run refers to (a reference count above zero), in any order.
-    fn referenced_content(&self) -> StoreResult<Vec<String>>;
+    fn referenced_content(&self) -> StoreResult<Vec<Digest>>;
     fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>>;
     /// The runs stored under `ids` (those that are), in any order: one read where the database
     /// can, one per run where that costs nothing more (an embedded store).
@@ -552,7 +552,7 @@ pub trait ReadTx {
         Ok(out)
     }
     /// Set id -> the ids of its runs, in the order they were created.
-    fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>>;
+    fn set(&self, id: &SetId) -> StoreResult<Option<Vec<RunId>>>;
     /// The ids of the runs in the active index, for one node or for all, in any order.
     fn active(&self, node_id: Option<&NodeId>) -> StoreResult<Vec<RunId>>;
     /// Every run in the active index, in brief, in any order.
@@ -649,15 +649,15 @@ pub trait WriteTx: ReadTx {
     fn touch_nodes(&mut self, beats: &[Beat]) -> StoreResult<Vec<Beat>>;
     /// Records the highest event id stored from the node (read back in its record).
     fn set_last_event_id(&mut self, node_id: &NodeId, id: u64) -> StoreResult<()>;
-    fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()>;
+    fn set_program_refs(&mut self, digest: &Digest, refs: u64) -> StoreResult<()>;
     /// Adds `count` references to the content: in one step where a backend can (a transaction
     /// without a serializable snapshot then loses no other's change to it).
-    fn add_program_refs(&mut self, digest: &str, count: u64) -> StoreResult<()> {
+    fn add_program_refs(&mut self, digest: &Digest, count: u64) -> StoreResult<()> {
         let refs = self.program_refs(digest)?;
         self.set_program_refs(digest, refs + count)
     }
     /// Removes the content's reference count.
-    fn remove_program(&mut self, digest: &str) -> StoreResult<()>;
+    fn remove_program(&mut self, digest: &Digest) -> StoreResult<()>;
     /// Writes the run; a backend may hold the write until commit (its reads see it at once).
     fn put_run(&mut self, run: &RunRow) -> StoreResult<()>;
     /// Tells the transaction which runs it is about to read, so a backend may read them in one
@@ -686,8 +686,8 @@ pub trait WriteTx: ReadTx {
         Ok(())
     }
     fn remove_run(&mut self, id: &RunId) -> StoreResult<()>;
-    fn put_set(&mut self, id: &str, run_ids: &[RunId]) -> StoreResult<()>;
-    fn remove_set(&mut self, id: &str) -> StoreResult<()>;
+    fn put_set(&mut self, id: &SetId, run_ids: &[RunId]) -> StoreResult<()>;
+    fn remove_set(&mut self, id: &SetId) -> StoreResult<()>;
     /// Adds a run to the active index under its node.
     fn put_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()>;
     fn remove_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()>;

@@ -11,7 +11,7 @@ use super::{
     RunRow, SCHEMA_VERSION, StoreError, StoreResult, TokenRecord, WriteTx, capacity_of, run_exists,
     stored_run_id,
 };
-use fleet_proto::{NodeId, RunId};
+use fleet_proto::{Digest, NodeId, RunId, SetId};
 use postgres::config::Host;
 use postgres::error::SqlState;
 use postgres::types::{Json, ToSql};
@@ -1151,15 +1151,17 @@ impl ReadTx for PgTx<'_> {
             .collect())
     }
 
-    fn referenced_content(&self) -> StoreResult<Vec<String>> {
+    fn referenced_content(&self) -> StoreResult<Vec<Digest>> {
         let rows = self.query("SELECT digest FROM program_refs WHERE refs > 0", &[])?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        (rows.iter())
+            .map(|row| super::stored_digest(row.get(0)))
+            .collect()
     }
 
-    fn program_refs(&self, digest: &str) -> StoreResult<u64> {
+    fn program_refs(&self, digest: &Digest) -> StoreResult<u64> {
         let row = self.query_opt(
             "SELECT refs FROM program_refs WHERE digest = $1",
-            &[&digest],
+            &[&digest.to_string()],
         )?;
         Ok(row.map_or(0, |row| count(row.get(0))))
     }
@@ -1178,8 +1180,8 @@ impl ReadTx for PgTx<'_> {
             .collect())
     }
 
-    fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>> {
-        let row = self.query_opt("SELECT run_ids FROM sets WHERE id = $1", &[&id])?;
+    fn set(&self, id: &SetId) -> StoreResult<Option<Vec<RunId>>> {
+        let row = self.query_opt("SELECT run_ids FROM sets WHERE id = $1", &[&id.as_str()])?;
         let ids = |row: Row| {
             row.get::<_, Vec<&str>>(0)
                 .into_iter()
@@ -1394,18 +1396,21 @@ impl WriteTx for PgTx<'_> {
             .collect())
     }
 
-    fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()> {
+    fn set_program_refs(&mut self, digest: &Digest, refs: u64) -> StoreResult<()> {
         let refs = i64::try_from(refs)
             .map_err(|_| StoreError::Refused(format!("{refs} references to {digest}")))?;
         self.execute(
             "INSERT INTO program_refs (digest, refs) VALUES ($1, $2)
              ON CONFLICT (digest) DO UPDATE SET refs = EXCLUDED.refs",
-            &[&digest, &refs],
+            &[&digest.to_string(), &refs],
         )
     }
 
-    fn remove_program(&mut self, digest: &str) -> StoreResult<()> {
-        self.execute("DELETE FROM program_refs WHERE digest = $1", &[&digest])
+    fn remove_program(&mut self, digest: &Digest) -> StoreResult<()> {
+        self.execute(
+            "DELETE FROM program_refs WHERE digest = $1",
+            &[&digest.to_string()],
+        )
     }
 
     fn put_run(&mut self, run: &RunRow) -> StoreResult<()> {
@@ -1434,17 +1439,17 @@ impl WriteTx for PgTx<'_> {
         self.execute("DELETE FROM runs WHERE id = $1", &[&id.as_str()])
     }
 
-    fn put_set(&mut self, id: &str, run_ids: &[RunId]) -> StoreResult<()> {
+    fn put_set(&mut self, id: &SetId, run_ids: &[RunId]) -> StoreResult<()> {
         let run_ids: Vec<&str> = run_ids.iter().map(RunId::as_str).collect();
         self.execute(
             "INSERT INTO sets (id, run_ids) VALUES ($1, $2)
              ON CONFLICT (id) DO UPDATE SET run_ids = EXCLUDED.run_ids",
-            &[&id, &run_ids],
+            &[&id.as_str(), &run_ids],
         )
     }
 
-    fn remove_set(&mut self, id: &str) -> StoreResult<()> {
-        self.execute("DELETE FROM sets WHERE id = $1", &[&id])
+    fn remove_set(&mut self, id: &SetId) -> StoreResult<()> {
+        self.execute("DELETE FROM sets WHERE id = $1", &[&id.as_str()])
     }
 
     fn put_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {
@@ -1492,13 +1497,13 @@ impl WriteTx for PgTx<'_> {
         )
     }
 
-    fn add_program_refs(&mut self, digest: &str, count: u64) -> StoreResult<()> {
+    fn add_program_refs(&mut self, digest: &Digest, count: u64) -> StoreResult<()> {
         let count = i64::try_from(count)
             .map_err(|_| StoreError::Refused(format!("{count} references to {digest}")))?;
         self.execute(
             "INSERT INTO program_refs (digest, refs) VALUES ($1, $2)
              ON CONFLICT (digest) DO UPDATE SET refs = program_refs.refs + EXCLUDED.refs",
-            &[&digest, &count],
+            &[&digest.to_string(), &count],
         )
     }
 

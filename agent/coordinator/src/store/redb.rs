@@ -3,7 +3,7 @@ use super::{
     ActiveRun, Backend, Beat, FleetEntry, Layout, NodeRecord, ReadTx, RunRow, StoreError,
     StoreResult, TokenRecord, WriteTx, stored_run_id,
 };
-use fleet_proto::{NodeId, RunId};
+use fleet_proto::{Digest, NodeId, RunId, SetId};
 use redb::{Database, ReadableTable, TableDefinition, TableHandle};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -309,29 +309,33 @@ macro_rules! reads {
                     .collect()
             }
 
-            fn referenced_content(&self) -> StoreResult<Vec<String>> {
+            fn referenced_content(&self) -> StoreResult<Vec<Digest>> {
                 let refs = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
                 let mut digests = Vec::new();
                 for entry in refs.iter().map_err(fail)? {
                     let (digest, refs) = entry.map_err(fail)?;
                     if refs.value() > 0 {
-                        digests.push(digest.value().to_string());
+                        digests.push(super::stored_digest(digest.value())?);
                     }
                 }
                 Ok(digests)
             }
 
-            fn program_refs(&self, digest: &str) -> StoreResult<u64> {
+            fn program_refs(&self, digest: &Digest) -> StoreResult<u64> {
                 let refs = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
-                Ok(refs.get(digest).map_err(fail)?.map_or(0, |v| v.value()))
+                let key = digest.to_string();
+                Ok(refs
+                    .get(key.as_str())
+                    .map_err(fail)?
+                    .map_or(0, |v| v.value()))
             }
 
             fn run(&self, id: &RunId) -> StoreResult<Option<RunRow>> {
                 get_json(&self.tx.open_table(RUNS).map_err(fail)?, id.as_str())
             }
 
-            fn set(&self, id: &str) -> StoreResult<Option<Vec<RunId>>> {
-                get_json(&self.tx.open_table(SETS).map_err(fail)?, id)
+            fn set(&self, id: &SetId) -> StoreResult<Option<Vec<RunId>>> {
+                get_json(&self.tx.open_table(SETS).map_err(fail)?, id.as_str())
             }
 
             fn active(&self, node_id: Option<&NodeId>) -> StoreResult<Vec<RunId>> {
@@ -534,14 +538,16 @@ impl WriteTx for RedbWrite {
         Ok(Vec::new())
     }
 
-    fn set_program_refs(&mut self, digest: &str, refs: u64) -> StoreResult<()> {
+    fn set_program_refs(&mut self, digest: &Digest, refs: u64) -> StoreResult<()> {
         let mut table = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
-        table.insert(digest, refs).map_err(fail).map(drop)
+        let key = digest.to_string();
+        table.insert(key.as_str(), refs).map_err(fail).map(drop)
     }
 
-    fn remove_program(&mut self, digest: &str) -> StoreResult<()> {
+    fn remove_program(&mut self, digest: &Digest) -> StoreResult<()> {
         let mut refs = self.tx.open_table(PROGRAM_REFS).map_err(fail)?;
-        refs.remove(digest).map_err(fail).map(drop)
+        let key = digest.to_string();
+        refs.remove(key.as_str()).map_err(fail).map(drop)
     }
 
     fn put_run(&mut self, run: &RunRow) -> StoreResult<()> {
@@ -556,16 +562,16 @@ impl WriteTx for RedbWrite {
         runs.remove(id.as_str()).map_err(fail).map(drop)
     }
 
-    fn put_set(&mut self, id: &str, run_ids: &[RunId]) -> StoreResult<()> {
+    fn put_set(&mut self, id: &SetId, run_ids: &[RunId]) -> StoreResult<()> {
         let mut sets = self.tx.open_table(SETS).map_err(fail)?;
-        sets.insert(id, encode(&run_ids).as_slice())
+        sets.insert(id.as_str(), encode(&run_ids).as_slice())
             .map_err(fail)
             .map(drop)
     }
 
-    fn remove_set(&mut self, id: &str) -> StoreResult<()> {
+    fn remove_set(&mut self, id: &SetId) -> StoreResult<()> {
         let mut sets = self.tx.open_table(SETS).map_err(fail)?;
-        sets.remove(id).map_err(fail).map(drop)
+        sets.remove(id.as_str()).map_err(fail).map(drop)
     }
 
     fn put_active(&mut self, run_id: &RunId, node_id: &NodeId) -> StoreResult<()> {

@@ -12,7 +12,7 @@ use fleet_proto::protocol::NodeEnd;
 use fleet_proto::release::ReleaseTrust;
 use fleet_proto::run::{Outcome, RunState};
 use fleet_proto::version::{Incompatible, ProtocolVersion};
-use fleet_proto::{NodeId, RunId};
+use fleet_proto::{Digest, NodeId, RunId, SetId};
 use std::collections::BTreeMap;
 
 impl Store {
@@ -353,7 +353,7 @@ impl Store {
             }
             rows.sort_by(waiting_order);
             let (nodes, mut out) = (tx.nodes()?, tx.active_counts()?);
-            let mut holding: BTreeMap<String, Vec<NodeId>> = BTreeMap::new();
+            let mut holding: BTreeMap<SetId, Vec<NodeId>> = BTreeMap::new();
             let mut placed = Vec::new();
             for mut row in rows {
                 let Some(place) = row.queued_for.clone() else {
@@ -420,9 +420,7 @@ impl Store {
     pub fn referenced_content(&self) -> StoreResult<Vec<fleet_proto::Digest>> {
         let (digests, releases) =
             self.read(|tx| Ok((tx.referenced_content()?, releases_in(tx)?)))?;
-        let mut all: Vec<fleet_proto::Digest> = (digests.iter())
-            .map(|d| fleet_proto::Digest::parse(d).map_err(|_| StoreError::Corrupt(d.clone())))
-            .collect::<StoreResult<_>>()?;
+        let mut all: Vec<fleet_proto::Digest> = digests;
         let binaries = releases.iter().flat_map(|r| &r.manifest_read.binaries);
         all.extend(binaries.map(|b| b.sha256));
         all.sort();
@@ -751,12 +749,12 @@ impl Store {
     }
 
     /// Of `digests`, those no stored run refers to: blobs that may be removed.
-    pub fn unreferenced(&self, digests: &[String]) -> StoreResult<Vec<String>> {
+    pub fn unreferenced(&self, digests: &[Digest]) -> StoreResult<Vec<Digest>> {
         self.read(|tx| {
             let mut out = Vec::new();
             for digest in digests {
                 if tx.program_refs(digest)? == 0 {
-                    out.push(digest.clone());
+                    out.push(*digest);
                 }
             }
             Ok(out)
@@ -766,22 +764,22 @@ impl Store {
     /// Records a set and its runs (all `waiting`, none accepted) in one transaction. Each run
     /// holds a reference on each content it names (its program, its inputs) until it is pruned;
     /// the content itself is the caller's blob store's.
-    pub fn create_set(&self, set_id: &str, runs: &[RunRow]) -> StoreResult<()> {
+    pub fn create_set(&self, set_id: &SetId, runs: &[RunRow]) -> StoreResult<()> {
         let refused = |why: String| Err(StoreError::Refused(why));
         if runs.is_empty() {
             return refused(format!("the set {set_id} has no runs"));
         }
         if let Some(run) = runs
             .iter()
-            .find(|r| r.set_id != set_id || r.state != RunState::Waiting || r.accepted)
+            .find(|r| r.set_id != *set_id || r.state != RunState::Waiting || r.accepted)
         {
             return refused(format!(
                 "the run {} is not a new waiting run of the set {set_id}",
                 run.id
             ));
         }
-        let mut uses: BTreeMap<String, u64> = BTreeMap::new();
-        for digest in runs.iter().flat_map(RunRow::content_digests) {
+        let mut uses: BTreeMap<Digest, u64> = BTreeMap::new();
+        for digest in runs.iter().flat_map(RunRow::content) {
             *uses.entry(digest).or_default() += 1;
         }
         let ids: Vec<RunId> = runs.iter().map(|r| r.id.clone()).collect();
@@ -814,7 +812,7 @@ impl Store {
 
     /// The run ids of a set in order, or None for an unknown set (or one pruned by the
     /// retention).
-    pub fn set_ids(&self, set_id: &str) -> StoreResult<Option<Vec<RunId>>> {
+    pub fn set_ids(&self, set_id: &SetId) -> StoreResult<Option<Vec<RunId>>> {
         self.read(|tx| tx.set(set_id))
     }
 
@@ -829,7 +827,7 @@ impl Store {
     }
 
     /// The runs of a set, or None for an unknown set (or one pruned by the retention).
-    pub fn set_runs(&self, set_id: &str) -> StoreResult<Option<Vec<RunRow>>> {
+    pub fn set_runs(&self, set_id: &SetId) -> StoreResult<Option<Vec<RunRow>>> {
         self.read(|tx| {
             let Some(ids) = tx.set(set_id)? else {
                 return Ok(None);
@@ -1254,7 +1252,7 @@ fn place_again(tx: &mut dyn WriteTx, mut lost: RunRow) -> StoreResult<RunRow> {
         retried_as: None,
         ..lost.clone()
     };
-    for digest in next.content_digests() {
+    for digest in next.content() {
         tx.add_program_refs(&digest, 1)?;
     }
     tx.put_run(&next)?;
@@ -1393,7 +1391,7 @@ fn prune(tx: &mut dyn WriteTx, id: &RunId) -> StoreResult<()> {
             tx.put_set(&run.set_id, &ids)?;
         }
     }
-    for digest in run.content_digests() {
+    for digest in run.content() {
         match tx.program_refs(&digest)?.saturating_sub(1) {
             0 => tx.remove_program(&digest)?,
             refs => tx.set_program_refs(&digest, refs)?,
