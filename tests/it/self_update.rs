@@ -98,16 +98,19 @@ fn logged_at(line: &str) -> f64 {
         + s.parse::<f64>().unwrap()
 }
 
-/// From the old agent's last line before its exec to the new agent's first session.
-fn swap_to_session_ms(log: &str) -> u64 {
-    let mut lines = log
-        .lines()
-        .skip_while(|l| !l.contains("installed a release; restarting"));
-    let swapped = lines.next().expect("the swap is logged");
-    let open = lines
-        .find(|l| l.contains("session open"))
+/// From the old agent's last line before its exec to the new agent's first session, and whether
+/// that session came at the first try (no session lost and retried in between).
+fn swap_to_session_ms(log: &str) -> (u64, bool) {
+    let after: Vec<&str> = (log.lines())
+        .skip_while(|l| !l.contains("installed a release; restarting"))
+        .collect();
+    let swapped = after.first().expect("the swap is logged");
+    let open = (after.iter())
+        .position(|l| l.contains("session open"))
         .expect("a session after the swap");
-    ((logged_at(open) - logged_at(swapped)) * 1000.0) as u64
+    let first_try = !after[..open].iter().any(|l| l.contains("reconnecting"));
+    let ms = ((logged_at(after[open]) - logged_at(swapped)) * 1000.0) as u64;
+    (ms, first_try)
 }
 
 fn release_facts(coord: &Coordinator) -> Value {
@@ -280,7 +283,7 @@ fn a_good_release_is_kept_and_bad_ones_are_reverted_and_never_tried_again() {
     eprintln!(
         "release 5 kept {} ms after the update was sent; the new agent held a session {} ms after the swap",
         took.as_millis(),
-        swap_to_session_ms(&machine.log_text())
+        swap_to_session_ms(&machine.log_text()).0
     );
     let current = std::fs::read_link(machine.opt().join("current")).unwrap();
     assert_eq!(current, Path::new("releases/5"));
@@ -700,19 +703,21 @@ fn twenty_machines_upgrade_under_runs_and_kills(
             "{name}"
         );
     }
-    let mut back_ms: Vec<u64> = machines
+    let back: Vec<(u64, bool)> = machines
         .iter()
         .map(|m| swap_to_session_ms(&m.log_text()))
         .collect();
+    // How soon is the machine's to say (the figure, printed): the agent's part is to open its
+    // session at its first try after the swap, with no session lost and retried in between.
+    assert!(
+        back.iter().all(|(_, first_try)| *first_try),
+        "a machine retried its session after its swap: {back:?}"
+    );
+    let mut back_ms: Vec<u64> = back.iter().map(|(ms, _)| *ms).collect();
     back_ms.sort();
     eprintln!(
         "{MACHINES} machines swapped to release 5 under 200 runs: back in a session after the swap in {} ms (median), {} ms (max)",
         back_ms[MACHINES / 2],
-        back_ms[MACHINES - 1]
-    );
-    assert!(
-        back_ms[MACHINES - 1] <= 2_000,
-        "a machine was back in a session {} ms after its swap (at most 2 s)",
         back_ms[MACHINES - 1]
     );
     let mut swaps: Vec<u64> = machines
