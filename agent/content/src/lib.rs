@@ -6,6 +6,7 @@
 pub mod direct;
 pub mod files;
 
+use fleet_cli::blocking::off_thread;
 use fleet_vocab::{Digest, UploadId};
 use sha2::{Digest as _, Sha256};
 use std::fs::{self, File};
@@ -449,7 +450,7 @@ where
     let disk = |cause: std::io::Error| disk_error(blobs, digest, &partial, cause);
     // Hashing what an earlier try left reads a whole file: on the blocking pool, as every other
     // file step here, so a caller's async thread never waits for a disk.
-    let (mut hasher, held) = blocking({
+    let (mut hasher, held) = off_thread({
         let partial = partial.clone();
         move || {
             // Cannot fail: the partial path is built as a file inside the blob store's folder.
@@ -505,7 +506,7 @@ where
             got,
         });
     }
-    let committed = blocking({
+    let committed = off_thread({
         let (blobs, partial, digest) = (blobs.clone(), partial.clone(), *digest);
         move || blobs.commit(&partial, &digest)
     })
@@ -546,15 +547,6 @@ pub async fn append_to(partial: &Path) -> io::Result<tokio::fs::File> {
         .create(true)
         .open(partial)
         .await
-}
-
-/// File work from async code, on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|e| Err(io::Error::other(format!("file work did not complete: {e}"))))
 }
 
 /// Whether an I/O error says the disk is full.
