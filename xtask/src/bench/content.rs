@@ -203,6 +203,8 @@ fn import_with_copies(work: &Path, agent: &Path, data: &Path) -> Result<(f64, f6
                         "label.pool=none",
                         "--count",
                         "1",
+                        // No node matches: the run is queued, the program imported and copied.
+                        "--wait-for-match",
                         "--program",
                     ])
                     .arg(data)
