@@ -621,16 +621,21 @@ mod node_commands {
     #[test]
     fn bad_commands_get_clear_errors_and_redeliveries_are_answered_from_the_record() {
         let dir = testkit::tempdir();
-        let node = node(dir.path());
+        let node = Arc::new(node(dir.path()));
+        // The node answers on an async task, its work on the blocking pool, as in a session.
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let execute = |op, generation, command: &Command| {
+            runtime.block_on(node.execute(op, generation, command))
+        };
         let counter = dir.path().join("count");
         let program = format!("#!/bin/sh\necho run >> {}\n", counter.display());
         let (digest, stage_cmd) = stage(dir.path(), program.as_bytes());
         assert_eq!(
-            node.execute("stage-1", 1, &stage_cmd),
+            execute("stage-1", 1, &stage_cmd),
             Ok(Reply::Staged { digest })
         );
 
-        let first = node.execute("start-a", 1, &start("r-a", &digest));
+        let first = execute("start-a", 1, &start("r-a", &digest));
         assert_eq!(
             first,
             Ok(Reply::Started {
@@ -639,15 +644,15 @@ mod node_commands {
             })
         );
         // Redelivered: the same answer, from the record; nothing launched again.
-        assert_eq!(node.execute("start-a", 1, &start("r-a", &digest)), first);
+        assert_eq!(execute("start-a", 1, &start("r-a", &digest)), first);
         // Another operation reusing the run id is a duplicate.
         assert_eq!(
-            error(&node.execute("start-b", 1, &start("r-a", &digest))),
+            error(&execute("start-b", 1, &start("r-a", &digest))),
             "run r-a: the run id is already used on this node; start it under a new run id"
         );
         // An unknown program digest.
         let unknown = Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap();
-        let unstaged = node.execute("start-c", 1, &start("r-c", &unknown));
+        let unstaged = execute("start-c", 1, &start("r-c", &unknown));
         assert_eq!(
             error(&unstaged),
             format!(
@@ -662,7 +667,7 @@ mod node_commands {
             upload: "u".into(),
             max_bytes: None,
         };
-        let escaped = node.execute("collect-1", 1, &collect);
+        let escaped = execute("collect-1", 1, &collect);
         assert!(
             error(&escaped).starts_with("run r-a: ")
                 && error(&escaped).contains("leaves the run folder"),
@@ -670,9 +675,9 @@ mod node_commands {
         );
         assert_eq!(escaped.unwrap_err().class, RefusalClass::PathEscapes);
         // A command from a superseded session generation.
-        assert!(node.execute("start-d", 3, &start("r-d", &digest)).is_ok());
+        assert!(execute("start-d", 3, &start("r-d", &digest)).is_ok());
         assert_eq!(
-            error(&node.execute("start-e", 2, &start("r-e", &digest))),
+            error(&execute("start-e", 2, &start("r-e", &digest))),
             "command from session generation 2 refused: generation 3 superseded it; reconnect to get a current session"
         );
         // The node keeps serving: r-a and r-d ran, once each. With both results in the run

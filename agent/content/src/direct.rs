@@ -1,4 +1,4 @@
-//! A new file written past the page cache (`O_DIRECT`) where the filesystem allows it. A GiB
+//! A file written past the page cache (`O_DIRECT`) where the filesystem allows it. A GiB
 //! written through the cache on a machine whose memory is full of cache cost up to 3.4 s of the
 //! kernel's time finding pages (0.4 s when memory was free), and two such writes at once (an
 //! import and its copy on another coordinator) did not overlap; written direct, each goes at the
@@ -9,7 +9,6 @@
 use rustix::fs::OFlags;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
@@ -70,6 +69,14 @@ impl Disk {
         Ok(())
     }
 
+    /// Writes past the cache from now on, where the filesystem allows it (tmpfs does not).
+    fn go_direct(&mut self) {
+        let Ok(flags) = rustix::fs::fcntl_getfl(&self.file) else {
+            return;
+        };
+        self.direct = rustix::fs::fcntl_setfl(&self.file, flags | OFlags::DIRECT).is_ok();
+    }
+
     fn go_through_cache(&mut self) -> io::Result<()> {
         if self.direct {
             let flags = rustix::fs::fcntl_getfl(&self.file)?;
@@ -117,13 +124,16 @@ impl Writer {
     }
 }
 
-/// Writes a new file, direct where it can (see the module's doc).
+/// Writes a new file or appends to one, direct where it can (see the module's doc).
 pub struct DirectWriter {
     state: State,
     filling: Block,
     len: usize,
     /// Blocks made so far (at most [`BLOCKS`]).
     made: usize,
+    /// Bytes still to write through the cache before the writes go direct (an append to a file
+    /// whose length is not a multiple of [`ALIGN`]).
+    head: usize,
 }
 
 /// Where the file is: here until the first block is full (a small file needs no thread), then
@@ -137,24 +147,48 @@ enum State {
 impl DirectWriter {
     /// Creates `path` (which must not exist).
     pub fn create(path: &Path) -> io::Result<DirectWriter> {
-        let mut options = OpenOptions::new();
-        options.write(true).create_new(true);
-        let direct = options
-            .clone()
-            .custom_flags(OFlags::DIRECT.bits() as i32)
-            .open(path);
-        let (file, direct) = match direct {
-            Ok(file) => (file, true),
-            // A filesystem without direct writes (tmpfs) refuses the flag.
-            Err(e) if e.raw_os_error() == Some(EINVAL) => (options.open(path)?, false),
-            Err(e) => return Err(e),
+        let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+        Ok(DirectWriter::over(file, 0))
+    }
+
+    /// Appends to `path` (made when absent), after what it holds: a head up to the next
+    /// [`ALIGN`] boundary goes through the cache, so the direct writes start aligned.
+    pub fn append(path: &Path) -> io::Result<DirectWriter> {
+        let file = OpenOptions::new().append(true).create(true).open(path)?;
+        let held = file.metadata()?.len();
+        let head = (ALIGN - (held % ALIGN as u64) as usize) % ALIGN;
+        Ok(DirectWriter::over(file, head))
+    }
+
+    fn over(file: File, head: usize) -> DirectWriter {
+        let mut disk = Disk {
+            file,
+            direct: false,
         };
-        Ok(DirectWriter {
-            state: State::Here(Disk { file, direct }),
+        if head == 0 {
+            disk.go_direct();
+        }
+        DirectWriter {
+            state: State::Here(disk),
             filling: Block::new(),
             len: 0,
             made: 1,
-        })
+            head,
+        }
+    }
+
+    /// Writes the head through the cache; at its end the writes go direct.
+    fn write_head(&mut self, data: &[u8]) -> io::Result<usize> {
+        let State::Here(disk) = &mut self.state else {
+            return Err(failed_before());
+        };
+        let n = data.len().min(self.head);
+        disk.file.write_all(&data[..n])?;
+        self.head -= n;
+        if self.head == 0 {
+            disk.go_direct();
+        }
+        Ok(n)
     }
 
     /// Writes what is gathered, syncs the file and closes it.
@@ -205,6 +239,9 @@ fn failed_before() -> io::Error {
 
 impl Write for DirectWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.head > 0 {
+            return self.write_head(data);
+        }
         let n = data.len().min(BLOCK - self.len);
         self.filling.bytes_mut()[self.len..self.len + n].copy_from_slice(&data[..n]);
         self.len += n;
@@ -251,6 +288,30 @@ mod tests {
             }
             writer.finish().unwrap();
             assert_eq!(std::fs::read(&path).unwrap(), bytes, "size {size}");
+        }
+    }
+
+    #[test]
+    fn an_append_after_any_length_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        for (held, more) in [
+            (0, BLOCK + 3),
+            (1, ALIGN),
+            (ALIGN - 1, 2),
+            (ALIGN, 3 * BLOCK),
+            (ALIGN + 5, 5 * BLOCK + ALIGN - 1),
+        ] {
+            let bytes: Vec<u8> = (0..held + more).map(|i| (i * 17 % 253) as u8).collect();
+            let path = dir.path().join(format!("f-{held}-{more}"));
+            if held > 0 {
+                std::fs::write(&path, &bytes[..held]).unwrap();
+            }
+            let mut writer = DirectWriter::append(&path).unwrap();
+            for piece in bytes[held..].chunks(77_777) {
+                writer.write_all(piece).unwrap();
+            }
+            writer.finish().unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "{held} then {more}");
         }
     }
 

@@ -5,8 +5,10 @@
 //! files both sides use for keys and identities.
 pub mod direct;
 pub mod files;
+pub mod landing;
 
-use fleet_cli::blocking::off_thread;
+pub use landing::{Landing, Place, Stopped};
+
 use fleet_vocab::{Digest, UploadId};
 use sha2::{Digest as _, Sha256};
 use std::fs::{self, File};
@@ -18,8 +20,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The buffer each transfer moves bytes through.
 pub const CHUNK: usize = 256 << 10;
-/// Pieces read ahead of a landing's disk write.
-const PIECES_AHEAD: usize = 4;
 
 static TEMPS: AtomicU64 = AtomicU64::new(0);
 
@@ -135,16 +135,15 @@ impl Blobs {
         Ok(out)
     }
 
-    /// Moves a checked file into place under its digest: fsync, rename, fsync of the folder.
-    pub fn commit(&self, file: &Path, digest: &Digest) -> io::Result<PathBuf> {
-        let dest = self.path(digest);
+    /// Puts a file checked against `digest` in place for good (fsync, rename, fsync of the
+    /// folder): as that blob, or as a collect's upload for the CLI; returns where it is.
+    pub fn place(&self, file: &Path, digest: &Digest, place: &Place) -> io::Result<PathBuf> {
+        let dest = match place {
+            Place::Blob => self.path(digest),
+            Place::Collected(upload) => self.collected(upload),
+        };
         settle(file, &dest)?;
         Ok(dest)
-    }
-
-    /// Puts the checked upload of the collect named `upload` in place for the CLI.
-    pub fn settle_collected(&self, file: &Path, upload: &UploadId) -> io::Result<()> {
-        settle(file, &self.collected(upload))
     }
 
     /// Removes what transfers left behind and nobody finished (partial fetches and uploads,
@@ -194,7 +193,7 @@ impl Blobs {
             let mut out = Passing { to: file, pass };
             let (digest, size) = copy_hashing(reader, &mut out)?;
             out.to.finish()?;
-            self.commit(&temp, &digest)?;
+            self.place(&temp, &digest, &Place::Blob)?;
             Ok((digest, size))
         })();
         if result.is_err() {
@@ -378,60 +377,9 @@ where
     }
 }
 
-/// Lands exactly `size` bytes from `from` as the new file `path`: written direct
-/// ([`direct::DirectWriter`]) and hashed on a thread of their own while the next bytes are read,
-/// then synced. The digest comes with [`Streamed::Done`]; on anything else the file is the
-/// caller's to remove.
-pub async fn receive_to_file<R: AsyncRead + Unpin>(
-    from: &mut R,
-    path: &Path,
-    size: u64,
-) -> (Streamed, Option<Digest>) {
-    let (pieces, mut inbox) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD);
-    // Pieces come back to be filled again: a fresh CHUNK each time cost a map, its pages'
-    // faults and an unmap per piece.
-    let (spent, mut spare) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD + 1);
-    let path = path.to_path_buf();
-    let writing = tokio::task::spawn_blocking(move || {
-        let mut out = direct::DirectWriter::create(&path)?;
-        let mut hasher = Sha256::new();
-        while let Some(piece) = inbox.blocking_recv() {
-            hasher.update(&piece);
-            out.write_all(&piece)?;
-            let _ = spent.try_send(piece);
-        }
-        out.finish()?;
-        Ok::<_, io::Error>(Digest::from_hasher(hasher))
-    });
-    let mut got = 0u64;
-    let mut cut = None;
-    while got < size {
-        let mut piece = spare.try_recv().unwrap_or_default();
-        piece.resize(CHUNK.min((size - got) as usize), 0);
-        if let Err(e) = from.read_exact(&mut piece).await {
-            cut = Some(e.to_string());
-            break;
-        }
-        got += piece.len() as u64;
-        if pieces.send(piece).await.is_err() {
-            break;
-        }
-    }
-    drop(pieces);
-    let written = writing
-        .await
-        .unwrap_or_else(|e| Err(io::Error::other(format!("the write did not complete: {e}"))));
-    match (cut, written) {
-        (Some(cause), _) => (Streamed::Cut { got, cause }, None),
-        (None, Err(cause)) => (Streamed::Write { got, cause }, None),
-        (None, Ok(digest)) => (Streamed::Done, Some(digest)),
-    }
-}
-
-/// Lands `digest` in `blobs`: what a source sends after the part already held (in the partial
-/// file) is hashed as it is written; only the whole, matching content is renamed into place.
-/// `open(offset)` gives the stream, the content's whole size, and the offset the stream really
-/// starts at (0 from a source that cannot resume: the partial file starts over).
+/// Lands `digest` in `blobs` through a [`Landing`], from what an earlier try left. `open(offset)`
+/// gives the stream, the content's whole size, and the offset the stream really starts at (0
+/// from a source that cannot resume: the landing starts over).
 pub async fn land<S, F, Fut>(
     blobs: &Blobs,
     digest: &Digest,
@@ -446,107 +394,40 @@ where
     if whole.is_file() {
         return Ok(whole);
     }
-    let partial = blobs.partial(digest);
-    let disk = |cause: std::io::Error| disk_error(blobs, digest, &partial, cause);
-    // Hashing what an earlier try left reads a whole file: on the blocking pool, as every other
-    // file step here, so a caller's async thread never waits for a disk.
-    let (mut hasher, held) = off_thread({
-        let partial = partial.clone();
-        move || {
-            // Cannot fail: the partial path is built as a file inside the blob store's folder.
-            std::fs::create_dir_all(partial.parent().expect("a folder"))?;
-            match hash_prefix(&partial) {
-                Ok(prefix) => Ok(prefix),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Sha256::default(), 0)),
-                Err(e) => Err(e),
-            }
-        }
-    })
-    .await
-    .map_err(disk)?;
-    let (mut stream, size, offset) = open(held).await?;
-    if offset != held {
-        let _ = tokio::fs::remove_file(&partial).await;
-        hasher = Sha256::default();
-    }
-    if offset > size {
-        return Err(ContentError::Cut {
-            content: digest.to_string(),
-            got: 0,
-            size,
-            cause: format!(
-                "the partial copy was longer ({offset} bytes) than the content; removed it"
-            ),
-        });
-    }
-    let mut file = append_to(&partial).await.map_err(disk)?;
-    match stream_exact(&mut stream, &mut file, size - offset, Some(&mut hasher)).await {
-        Streamed::Done => {}
-        Streamed::Cut { got, cause } => {
-            let _ = file.sync_data().await;
-            return Err(ContentError::Cut {
-                content: digest.to_string(),
-                got: offset + got,
-                size,
-                cause,
-            });
-        }
-        Streamed::Write { cause, .. } => {
-            drop(file);
-            let _ = tokio::fs::remove_file(&partial).await;
-            return Err(disk(cause));
-        }
-    }
-    drop(file);
-    let got = Digest::from_hasher(hasher);
-    if got != *digest {
-        let _ = tokio::fs::remove_file(&partial).await;
-        return Err(ContentError::Mismatch {
-            digest: *digest,
-            got,
-        });
-    }
-    let committed = off_thread({
-        let (blobs, partial, digest) = (blobs.clone(), partial.clone(), *digest);
-        move || blobs.commit(&partial, &digest)
-    })
-    .await;
-    if let Err(e) = committed {
-        let _ = tokio::fs::remove_file(&partial).await;
-        return Err(disk(e));
-    }
+    let stopped = |size, e| content_error(blobs, digest, size, e);
+    let mut landing = Landing::blob(blobs, digest)
+        .await
+        .map_err(|e| stopped(0, e))?;
+    let (mut stream, size, offset) = open(landing.held()).await?;
+    (landing.receive(&mut stream, offset, size).await).map_err(|e| stopped(size, e))?;
+    let path = landing.finish(digest).await.map_err(|e| stopped(size, e))?;
     tracing::info!(%digest, size, resumed_from = offset, "content fetched and checked");
-    Ok(whole)
+    Ok(path)
 }
 
-fn disk_error(
-    blobs: &Blobs,
-    digest: &Digest,
-    partial: &Path,
-    cause: std::io::Error,
-) -> ContentError {
-    if is_no_space(&cause) {
-        let _ = std::fs::remove_file(partial);
-        ContentError::NoSpace {
+/// Why a landing of `digest` (`size` bytes) stopped, as a content error.
+fn content_error(blobs: &Blobs, digest: &Digest, size: u64, stopped: Stopped) -> ContentError {
+    match stopped {
+        Stopped::Disk(cause) if is_no_space(&cause) => ContentError::NoSpace {
             digest: *digest,
             dir: blobs.root().to_path_buf(),
             cause,
-        }
-    } else {
-        ContentError::Failed {
+        },
+        Stopped::Disk(cause) => ContentError::Failed {
             content: digest.to_string(),
             reason: format!("cannot write under {} ({cause})", blobs.root().display()),
-        }
+        },
+        Stopped::Cut { got, cause } => ContentError::Cut {
+            content: digest.to_string(),
+            got,
+            size,
+            cause,
+        },
+        Stopped::Mismatch { got } => ContentError::Mismatch {
+            digest: *digest,
+            got,
+        },
     }
-}
-
-/// A partial file opened to append what arrives after what it holds (made when absent).
-pub async fn append_to(partial: &Path) -> io::Result<tokio::fs::File> {
-    tokio::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(partial)
-        .await
 }
 
 /// Whether an I/O error says the disk is full.

@@ -6,11 +6,9 @@
 //! upload lands apart (`blobs/collected/NAME`), for the CLI to move to `--out`.
 use crate::Coordinator;
 use crate::error::{CoordinatorError, Dropped};
-use fleet_cli::blocking::off_thread;
-use fleet_content::{self as content, Streamed};
+use fleet_content::{self as content, Landing, Place, Stopped, Streamed};
 use fleet_proto::protocol::{self, Down, Up};
 use fleet_proto::{Digest, NodeId, UploadId};
-use sha2::Sha256;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 
@@ -90,76 +88,53 @@ impl Coordinator {
 
     /// Receives the collect `upload`: `size` bytes, from what an earlier try left (answered
     /// first as [`Down::UploadFrom`]), hashed as they land, then the digest the node hashed
-    /// them to ([`Up::Sent`]); only when both agree is the upload put in place for the CLI,
-    /// and answered [`Down::Stored`]. A cut try keeps what arrived, so the next resumes.
+    /// them to ([`Up::Sent`]); only when both agree is the upload put in place as `place`, and
+    /// answered [`Down::Stored`]. A cut try keeps what arrived, so the next resumes.
     pub(crate) async fn receive_content<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         node_id: &NodeId,
         upload: &UploadId,
         size: u64,
+        place: Place,
     ) -> Result<(), Dropped> {
-        let partial = self.blobs().collected_partial(upload);
-        let disk = |e| blob_disk(self.blobs(), e);
+        let stopped = |got: u64, cause: String| {
+            format!(
+                "the upload {upload} from {node_id} stopped after {got} of {size} bytes: {cause}; the node's next try resumes from there"
+            )
+        };
         let result = async {
-            let (mut hasher, held) = off_thread({
-                let partial = partial.clone();
-                move || resume_point(&partial, size)
-            })
-            .await
-            .map_err(disk)?;
+            let mut landing = (Landing::upload(self.blobs(), upload, size, place).await)
+                .map_err(|e| self.stopped(e))?;
+            let held = landing.held();
             protocol::write_msg(stream, &Down::UploadFrom { offset: held })
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut file = content::append_to(&partial).await.map_err(disk)?;
-            let streamed =
-                content::stream_exact(stream, &mut file, size - held, Some(&mut hasher)).await;
-            let got = match streamed {
-                Streamed::Done => size - held,
-                Streamed::Cut { got, .. } | Streamed::Write { got, .. } => got,
-            };
-            self.traffic().received(got);
-            let stopped = |cause: String| {
-                format!(
-                    "the upload {upload} from {node_id} stopped after {} of {size} bytes: {cause}; the node's next try resumes from there",
-                    held + got
-                )
-            };
-            match streamed {
-                Streamed::Done => {}
-                Streamed::Cut { cause, .. } => {
-                    let _ = file.sync_data().await;
-                    tracing::info!(%node_id, %upload, offset = held, bytes = got, "content received");
-                    return Err(stopped(cause));
+            match landing.receive(stream, held, size).await {
+                Ok(got) => self.traffic().received(got),
+                Err(Stopped::Cut { got, cause }) => {
+                    self.traffic().received(got - held);
+                    tracing::info!(%node_id, %upload, offset = held, bytes = got - held, "content received");
+                    return Err(stopped(got, cause));
                 }
-                Streamed::Write { cause, .. } => {
-                    drop(file);
-                    let _ = tokio::fs::remove_file(&partial).await;
-                    return Err(disk(cause));
-                }
+                Err(e) => return Err(self.stopped(e)),
             }
-            drop(file);
             let sent = match tokio::time::timeout(SENT_WAIT, protocol::read_msg::<_, Up>(stream)).await {
                 Ok(Ok(Some(Up::Sent { digest }))) => digest,
                 Ok(Ok(Some(other))) => {
                     return Err(format!("the node sent {other:?} after its upload, not its digest; run an agent of the coordinator's version"));
                 }
-                Ok(Err(e)) => return Err(stopped(e.to_string())),
-                Ok(Ok(None)) | Err(_) => return Err(stopped("no digest after the bytes".into())),
+                Ok(Err(e)) => return Err(stopped(size, e.to_string())),
+                Ok(Ok(None)) | Err(_) => return Err(stopped(size, "no digest after the bytes".into())),
             };
-            let got = Digest::from_hasher(hasher);
-            tracing::info!(%node_id, %upload, digest = %got, offset = held, bytes = size - held, "content received");
-            if got != sent {
-                let _ = tokio::fs::remove_file(&partial).await;
-                return Err(format!(
+            tracing::info!(%node_id, %upload, digest = %sent, offset = held, bytes = size - held, "content received");
+            match landing.finish(&sent).await {
+                Ok(_) => Ok(sent),
+                Err(Stopped::Mismatch { got }) => Err(format!(
                     "content {sent}: what arrived hashes to {got}; removed it: if the run still writes the file, collect it once it stopped"
-                ));
+                )),
+                Err(e) => Err(self.stopped(e)),
             }
-            let (blobs, name) = (self.blobs().clone(), upload.clone());
-            off_thread(move || blobs.settle_collected(&partial, &name))
-                .await
-                .map_err(disk)?;
-            Ok(got)
         }
         .await;
         match result {
@@ -177,48 +152,52 @@ impl Coordinator {
         stream: &mut S,
         size: u64,
     ) -> Result<(), Dropped> {
-        let blobs = self.blobs().clone();
-        let temp = match off_thread(move || blobs.temp()).await {
-            Ok(temp) => temp,
-            Err(e) => return refuse(stream, blob_disk(self.blobs(), e)).await,
-        };
         let result = async {
+            let mut landing = Landing::push(self.blobs())
+                .await
+                .map_err(|e| self.stopped(e))?;
             // Written direct and synced while the pusher syncs its own copy, before its digest.
-            let got = match content::receive_to_file(stream, &temp, size).await {
-                (Streamed::Done, Some(digest)) => digest,
-                (Streamed::Cut { got, cause }, _) => {
+            match landing.receive(stream, 0, size).await {
+                Ok(got) => self.traffic().received(got),
+                Err(Stopped::Cut { got, cause }) => {
                     return Err(format!(
                         "a pushed copy stopped after {got} of {size} bytes: {cause}"
                     ));
                 }
-                (Streamed::Write { cause, .. }, _) => return Err(blob_disk(self.blobs(), cause)),
-                (Streamed::Done, None) => unreachable!("a whole copy comes with its digest"),
-            };
-            self.traffic().received(size);
+                Err(e) => return Err(self.stopped(e)),
+            }
             let sent =
                 match tokio::time::timeout(SENT_WAIT, protocol::read_msg::<_, Up>(stream)).await {
                     Ok(Ok(Some(Up::Sent { digest }))) => digest,
                     _ => return Err("a pushed copy ended without its digest".to_string()),
                 };
-            if got != sent {
-                return Err(format!(
-                    "a pushed copy of {sent} hashes to {got}; dropped it"
-                ));
+            match landing.finish(&sent).await {
+                Ok(_) => {}
+                Err(Stopped::Mismatch { got }) => {
+                    return Err(format!(
+                        "a pushed copy of {sent} hashes to {got}; dropped it"
+                    ));
+                }
+                Err(e) => return Err(self.stopped(e)),
             }
-            let (blobs, landed) = (self.blobs().clone(), temp.clone());
-            off_thread(move || blobs.commit(&landed, &got))
-                .await
-                .map_err(|e| blob_disk(self.blobs(), e))?;
-            tracing::info!(digest = %got, bytes = size, "content pushed and checked");
-            Ok(got)
+            tracing::info!(digest = %sent, bytes = size, "content pushed and checked");
+            Ok(sent)
         }
         .await;
         match result {
             Ok(digest) => Ok(protocol::write_msg(stream, &Down::Stored { digest }).await?),
-            Err(message) => {
-                let _ = tokio::fs::remove_file(&temp).await;
-                refuse(stream, message).await
+            Err(message) => refuse(stream, message).await,
+        }
+    }
+
+    /// A landing's stop as a refusal's reason, where the caller has no words of its own for it.
+    fn stopped(&self, stopped: Stopped) -> String {
+        match stopped {
+            Stopped::Disk(e) => blob_disk(self.blobs(), e),
+            Stopped::Cut { got, cause } => {
+                format!("the transfer stopped after {got} bytes: {cause}")
             }
+            Stopped::Mismatch { got } => format!("what arrived hashes to {got}; removed it"),
         }
     }
 
@@ -241,22 +220,6 @@ impl Coordinator {
             tracing::info!(path = %path.display(), "removed what a transfer left unfinished");
         }
         Ok(())
-    }
-}
-
-/// Where an upload of `size` bytes resumes: the hash of what an earlier try left and its
-/// length; a leftover longer than the upload is removed and it starts over.
-fn resume_point(partial: &std::path::Path, size: u64) -> std::io::Result<(Sha256, u64)> {
-    // Cannot fail: the partial path is built as a file inside the blob store's folder.
-    std::fs::create_dir_all(partial.parent().expect("a folder"))?;
-    match content::hash_prefix(partial) {
-        Ok((_, held)) if held > size => {
-            std::fs::remove_file(partial)?;
-            Ok((Sha256::default(), 0))
-        }
-        Ok(prefix) => Ok(prefix),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Sha256::default(), 0)),
-        Err(e) => Err(e),
     }
 }
 

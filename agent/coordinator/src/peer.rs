@@ -6,12 +6,9 @@
 //! coordinator holds ([`Up::Relay`]), and for a blob by digest ([`Up::Fetch`]).
 use crate::Coordinator;
 use crate::error::PeerError;
-use fleet_cli::blocking::off_thread;
-use fleet_content::{self as content, ContentError};
+use fleet_content::{self as content, ContentError, Place};
 use fleet_proto::dial::DialError;
-use fleet_proto::protocol::{
-    self, Answer, Command, Down, Opening, Refusal, RefusalClass, Reply, Up,
-};
+use fleet_proto::protocol::{self, Answer, Command, Down, Opening, Refusal, RefusalClass, Up};
 use fleet_proto::{Digest, NodeId};
 use rcgen::KeyPair;
 use serde::{Deserialize, Serialize};
@@ -275,27 +272,16 @@ impl Coordinator {
     /// collect's upload is let in here under the name the peer gave it, and kept as a blob by
     /// its digest, for the peer to copy.
     pub(crate) async fn relayed(&self, node_id: &NodeId, command: Command) -> Answer {
-        let expected = match &command {
-            Command::Collect { upload, .. } => Some(self.uploads().expect(upload, node_id)),
+        let _expected = match &command {
+            Command::Collect { upload, .. } => {
+                Some(self.uploads().expect(upload, node_id, Place::Blob))
+            }
             _ => None,
         };
-        let answer = match self.call_held(node_id, command).await {
+        match self.call_held(node_id, command).await {
             Ok(answer) => answer,
             Err(e) => Err(Refusal::new(RefusalClass::NoSession, e.to_string())),
-        };
-        if let Some(expected) = expected {
-            let upload = expected.name().clone();
-            drop(expected);
-            if let Ok(Reply::Collected { digest, .. }) = &answer {
-                let (blobs, digest) = (self.blobs().clone(), *digest);
-                let kept =
-                    off_thread(move || blobs.commit(&blobs.collected(&upload), &digest)).await;
-                if let Err(e) = kept {
-                    tracing::warn!(%node_id, "cannot keep a relayed collect as a blob: {e}");
-                }
-            }
         }
-        answer
     }
 
     /// Reads which coordinators serve the store now (those heard within `lease`) into the fleet

@@ -4,6 +4,7 @@ use crate::signing::SigningPolicy;
 use crate::store::{NodeRecord, RunMoved, RunRow};
 use crate::{Coordinator, CoordinatorError};
 use fleet_cli::blocking::off_thread;
+use fleet_content::Place;
 use fleet_proto::clock::now_ms;
 use fleet_proto::protocol::{Answer, Command, MintedRead, Reply};
 use fleet_proto::run::{ImageRef, Outcome, RegistryAuth, RunOptions, RunState, Workload};
@@ -582,7 +583,8 @@ impl Coordinator {
         let mut raw = [0u8; 16];
         rand::thread_rng().fill_bytes(&mut raw);
         let upload = UploadId::new(hex::encode(raw));
-        let expected = self.uploads().expect(&upload, &row.node_id);
+        let place = Place::Collected(upload.clone());
+        let expected = self.uploads().expect(&upload, &row.node_id, place.clone());
         let command = Command::Collect {
             run_id: row.id.clone(),
             path: path.to_string(),
@@ -600,15 +602,11 @@ impl Coordinator {
                     true => Ok(()),
                     false => match self.ensure_blob(&digest).await {
                         Ok(()) => {
-                            let (blob, here) = (self.blobs().path(&digest), here.clone());
-                            off_thread(move || {
-                                // Cannot fail: a collected file's path is built inside the blob store's folder.
-                                let folder = here.parent().expect("a collected file has a folder");
-                                std::fs::create_dir_all(folder)
-                                    .and_then(|()| std::fs::rename(blob, &here))
-                            })
-                            .await
-                            .map_err(|e| e.to_string())
+                            let blobs = self.blobs().clone();
+                            off_thread(move || blobs.place(&blobs.path(&digest), &digest, &place))
+                                .await
+                                .map(|_| ())
+                                .map_err(|e| e.to_string())
                         }
                         Err(e) => Err(e.to_string()),
                     },

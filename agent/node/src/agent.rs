@@ -172,9 +172,10 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
     };
     for launch in launches {
         let node = node.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = node.complete(&launch) {
-                tracing::warn!(run_id = %launch.start.run_id, "cannot complete a start a crash cut off: {e}");
+        tokio::spawn(async move {
+            let run_id = launch.start.run_id.clone();
+            if let Err(e) = node.complete(launch).await {
+                tracing::warn!(%run_id, "cannot complete a start a crash cut off: {e}");
             }
         });
     }

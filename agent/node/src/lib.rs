@@ -10,6 +10,7 @@ pub mod content;
 pub mod dial;
 pub mod ended;
 pub mod facts;
+pub mod fetched;
 pub mod gpus;
 pub mod identity;
 pub mod join;

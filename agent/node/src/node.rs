@@ -2,8 +2,10 @@
 //! before it is answered, so a redelivered command is answered from the record, never redone.
 use crate::content::ContentLink;
 use crate::facts::LinkMeter;
+use crate::fetched::Fetched;
 use crate::runtime::{RunReport, RunSpec, RunState, Runtime, RuntimeError, Started, SyncReport};
 use crate::state::{Launch, StateError, Store};
+use fleet_cli::blocking::{Unfinished, off_thread};
 use fleet_content::{Blobs, ContentError};
 use fleet_proto::protocol::{Answer, Command, MintedRead, Refusal, RefusalClass, Reply, StartRun};
 use fleet_proto::run::{Event, Workload};
@@ -39,7 +41,7 @@ pub struct Node {
     /// Where artifacts are replicated to, and the meter their copies are timed into.
     artifacts: Option<(Blobs, Arc<LinkMeter>)>,
     /// A lock per digest being fetched.
-    fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::Mutex<()>>>>,
+    fetching: std::sync::Mutex<std::collections::HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
     /// When the content was last pruned.
     pruned_at: std::sync::Mutex<Option<Instant>>,
     /// Where its releases live; None refuses updates.
@@ -214,19 +216,92 @@ impl Node {
         self
     }
 
-    /// Answers one command (blocking). Fenced by `generation`; mutating commands are answered
-    /// from the applied record when redelivered, and recorded before the answer leaves. A run
-    /// that could not start is logged at warning level with its reason (a full disk, a missing
-    /// program), since nobody watches the machine.
-    pub fn execute(&self, op: &str, generation: u64, command: &Command) -> Answer {
-        let answer = self.answer(op, generation, command);
+    /// Answers one command. Fenced by `generation`; mutating commands are answered from the
+    /// applied record when redelivered, and recorded before the answer leaves. The content a
+    /// command needs is fetched first, here, and its work then runs on the blocking pool, which
+    /// never waits on the network. A run that could not start is logged at warning level with
+    /// its reason (a full disk, a missing program), since nobody watches the machine.
+    pub async fn execute(self: &Arc<Self>, op: &str, generation: u64, command: &Command) -> Answer {
+        let answer = match command {
+            Command::Collect {
+                run_id,
+                path,
+                upload,
+                max_bytes,
+            } => match self.fenced(generation).await {
+                Ok(()) => {
+                    self.collect(run_id, path, upload, max_bytes.unwrap_or(u64::MAX))
+                        .await
+                }
+                Err(refusal) => Err(refusal),
+            },
+            Command::Replicate { digest, read } => match self.fenced(generation).await {
+                Ok(()) => self.replicate(digest, read.as_ref()).await,
+                Err(refusal) => Err(refusal),
+            },
+            _ => {
+                let fetched = self.fetch_ahead(command).await;
+                let (node, op, command) = (self.clone(), op.to_string(), command.clone());
+                let answered = off_thread(move || {
+                    Ok::<_, Unfinished>(node.answer(&op, generation, &command, &fetched))
+                });
+                (answered.await).unwrap_or_else(|e| Err(Refusal::new(RefusalClass::Other, e)))
+            }
+        };
         if let (Command::Start(start), Err(refusal)) = (command, &answer) {
             tracing::warn!(op, run_id = %start.run_id, "a run could not start: {}", refusal.message);
         }
         answer
     }
 
-    fn answer(&self, op: &str, generation: u64, command: &Command) -> Answer {
+    /// Refuses a command of a session generation older than the newest seen.
+    async fn fenced(self: &Arc<Self>, generation: u64) -> Result<(), Refusal> {
+        let node = self.clone();
+        let checked =
+            off_thread(move || Ok::<_, Unfinished>(node.store.check_generation(generation)));
+        match checked.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Refusal::new(RefusalClass::Fenced, e)),
+            Err(e) => Err(Refusal::new(RefusalClass::Other, e)),
+        }
+    }
+
+    /// What `command` will read, fetched now: a stage's program, a start's program and inputs,
+    /// a release's binaries once it checked out. Each answer is kept, failures too, for the
+    /// command to meet at its own step.
+    async fn fetch_ahead(self: &Arc<Self>, command: &Command) -> Fetched {
+        let wanted: Vec<Digest> = match command {
+            Command::Stage { digest } => vec![*digest],
+            Command::Start(start) => {
+                let program = match &start.workload {
+                    Workload::Program(digest) if !self.blobs.has(digest) => Some(*digest),
+                    _ => None,
+                };
+                let inputs = start.options.inputs.iter().map(|(_, digest)| *digest);
+                program.into_iter().chain(inputs).collect()
+            }
+            Command::Update { release } => match &self.releases {
+                Some(releases) => {
+                    let (releases, release) = (releases.clone(), release.clone());
+                    off_thread(move || Ok::<_, Unfinished>(releases.wanted(&release)))
+                        .await
+                        .unwrap_or_default()
+                }
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        let mut fetched = Fetched::default();
+        for digest in wanted {
+            if !fetched.has(&digest) {
+                let answer = self.fetch(&digest).await;
+                fetched.keep(digest, answer);
+            }
+        }
+        fetched
+    }
+
+    fn answer(&self, op: &str, generation: u64, command: &Command, fetched: &Fetched) -> Answer {
         let store_failed = |e: StateError| Refusal::new(RefusalClass::Store, e);
         if let Err(e) = self.store.check_generation(generation) {
             return Err(Refusal::new(RefusalClass::Fenced, e));
@@ -239,8 +314,8 @@ impl Node {
             }
         }
         let answer = match command {
-            Command::Stage { digest } => self.stage(digest),
-            Command::Start(start) => self.start(op, start),
+            Command::Stage { digest } => self.stage(digest, fetched),
+            Command::Start(start) => self.start(op, start, fetched),
             Command::Stop { run_id } => self
                 .runtime
                 .stop(run_id)
@@ -257,27 +332,12 @@ impl Node {
                     report: s.report,
                 })
                 .map_err(refused),
-            Command::Collect {
-                run_id,
-                path,
-                upload,
-                max_bytes,
-            } => self.collect(run_id, path, upload, max_bytes.unwrap_or(u64::MAX)),
-            Command::Replicate { digest, read } => self.replicate(digest, read.as_ref()),
             Command::Update { release } => match &self.releases {
                 Some(releases) => {
-                    let fetched = std::sync::Mutex::new(Vec::new());
-                    let taken = releases.take(release, &|digest| {
-                        fetched
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(*digest);
-                        self.fetch(digest)
-                    });
+                    let taken = releases.take(release, &|digest| fetched.get(digest));
                     // The release's folder holds its own copy: the cache's would only take a
                     // second agent's worth of disk until the prune.
-                    let fetched = fetched.into_inner().unwrap_or_else(|e| e.into_inner());
-                    if let Err(e) = self.remove_unreferred(fetched) {
+                    if let Err(e) = self.remove_unreferred(fetched.digests()) {
                         tracing::warn!("cannot drop a release's fetched binaries: {e}");
                     }
                     if taken.is_err() {
@@ -303,6 +363,10 @@ impl Node {
             Command::Facts => Err(Refusal::new(
                 RefusalClass::Other,
                 "facts are answered by the session",
+            )),
+            Command::Collect { .. } | Command::Replicate { .. } => Err(Refusal::new(
+                RefusalClass::Other,
+                "a collect and a replicate are answered beside the blocking work",
             )),
         };
         if command.mutates()
@@ -357,18 +421,16 @@ impl Node {
     }
 
     /// The checked local copy of `digest`, fetched from the coordinator when not held yet.
-    fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
+    async fn fetch(&self, digest: &Digest) -> Result<PathBuf, Refusal> {
         // One fetch per digest at a time: fetches of one digest share its partial file.
         let lock = (self
             .fetching
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner))
-        .entry(digest.hex().to_string())
+        .entry(*digest)
         .or_default()
         .clone();
-        let _one = lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _one = lock.lock().await;
         let held = self.blobs.path(digest);
         if held.is_file() {
             // Used now: the prune's grace starts again.
@@ -384,16 +446,14 @@ impl Node {
                 ),
             ));
         };
-        let fetched = tokio::runtime::Handle::current()
-            .block_on(link.fetch(digest))
-            .map_err(content_refused)?;
+        let fetched = link.fetch(digest).await.map_err(content_refused)?;
         // New content on hand: the session sends the inventory again.
         self.facts_changed.notify_one();
         Ok(fetched)
     }
 
-    fn stage(&self, digest: &Digest) -> Answer {
-        let file = self.fetch(digest)?;
+    fn stage(&self, digest: &Digest, fetched: &Fetched) -> Answer {
+        let file = fetched.get(digest)?;
         match self.runtime.stage(&file) {
             Ok(got) if got == *digest => Ok(Reply::Staged { digest: got }),
             Ok(got) => Err(Refusal::new(
@@ -404,7 +464,7 @@ impl Node {
         }
     }
 
-    fn start(&self, op: &str, start: &StartRun) -> Answer {
+    fn start(&self, op: &str, start: &StartRun, fetched: &Fetched) -> Answer {
         let run_id = &start.run_id;
         let store_failed = |e: StateError| Refusal::new(RefusalClass::Store, e);
         // A run id belongs to the first operation that used it; another one is a duplicate.
@@ -425,16 +485,16 @@ impl Node {
             }
             Err(e) => return Err(store_failed(e)),
         }
-        // A program this node does not hold (its stage failed, or never came) is fetched and
-        // staged now, so a run that cannot be delivered fails its own row saying why.
+        // A program this node did not hold (its stage failed, or never came) was fetched ahead
+        // and is staged now, so a run that cannot be delivered fails its own row saying why.
         if let Workload::Program(digest) = &start.workload
-            && !self.blobs.has(digest)
-            && let Err(r) = self.stage(digest)
+            && (fetched.has(digest) || !self.blobs.has(digest))
+            && let Err(r) = self.stage(digest, fetched)
         {
             let refusal = Refusal::new(r.class, format!("run {run_id}: {}", r.message));
             return self.fail_run(start, refusal);
         }
-        let inputs = match self.fetch_inputs(start) {
+        let inputs = match self.fetch_inputs(start, fetched) {
             Ok(i) => i,
             Err(refusal) => return self.fail_run(start, refusal),
         };
@@ -520,13 +580,20 @@ impl Node {
 
     /// Completes a start [`Node::unlaunched`] found: launched under its own operation, whose
     /// answer is recorded, so the runtime's claim by run id keeps it to one launch even when the
-    /// coordinator redelivers the start beside it. Blocking.
-    pub fn complete(&self, launch: &Launch) -> Result<(), StateError> {
-        let run_id = &launch.start.run_id;
-        tracing::info!(%run_id, "completing a start the agent recorded but did not launch");
-        let answer = self.start(&launch.op, &launch.start);
-        self.store.record_answer(&launch.op, &answer)?;
-        crate::runtime::sync_run(&self.store, self.runtime.as_ref(), run_id.as_str()).map(drop)
+    /// coordinator redelivers the start beside it.
+    pub async fn complete(self: &Arc<Self>, launch: Launch) -> Result<(), StateError> {
+        tracing::info!(run_id = %launch.start.run_id, "completing a start the agent recorded but did not launch");
+        let fetched = self
+            .fetch_ahead(&Command::Start(launch.start.clone()))
+            .await;
+        let node = self.clone();
+        off_thread(move || {
+            let answer = node.start(&launch.op, &launch.start, &fetched);
+            node.store.record_answer(&launch.op, &answer)?;
+            let run_id = launch.start.run_id.as_str();
+            crate::runtime::sync_run(&node.store, node.runtime.as_ref(), run_id).map(drop)
+        })
+        .await
     }
 
     /// A start cut off before its launch that cannot be completed: its operation is answered
@@ -571,7 +638,11 @@ impl Node {
 
     /// The inputs as (name, the node's checked copy), fetched when not held yet. The runtime
     /// copies each into the run, so a run never changes the node's content.
-    fn fetch_inputs(&self, start: &StartRun) -> Result<Vec<(String, PathBuf)>, Refusal> {
+    fn fetch_inputs(
+        &self,
+        start: &StartRun,
+        fetched: &Fetched,
+    ) -> Result<Vec<(String, PathBuf)>, Refusal> {
         let run_id = &start.run_id;
         let mut out = Vec::new();
         for (name, digest) in &start.options.inputs {
@@ -581,7 +652,7 @@ impl Node {
                     format!("run {run_id}: input name {name:?} must be a plain file name"),
                 ));
             }
-            let held = self.fetch(digest).map_err(|r| {
+            let held = fetched.get(digest).map_err(|r| {
                 Refusal::new(
                     r.class,
                     format!("run {run_id}: input {name}: {}", r.message),
@@ -594,7 +665,7 @@ impl Node {
 
     /// Replicates an artifact into the artifact root through the read minted for this fetch, and
     /// times the whole copy (the path, the disk and the hash together) into the link meter.
-    fn replicate(&self, digest: &Digest, read: Option<&MintedRead>) -> Answer {
+    async fn replicate(&self, digest: &Digest, read: Option<&MintedRead>) -> Answer {
         let taken_up = Instant::now();
         let refuse = |m: &str| Refusal::new(RefusalClass::Other, format!("artifact {digest}: {m}"));
         let Some(read) = read else {
@@ -616,21 +687,21 @@ impl Node {
                 bytes_per_s: None,
             });
         }
-        let runtime = tokio::runtime::Handle::current();
         let landed = match read {
             MintedRead::Ticket { ticket } => {
                 let Some(link) = &self.content else {
                     return Err(refuse("this node has no content path to a coordinator"));
                 };
-                runtime.block_on(link.fetch_into(root, digest, Some(ticket)))
+                link.fetch_into(root, digest, Some(ticket)).await
             }
             MintedRead::Url { url, expires_in_ms } => {
                 let deadline = taken_up + Duration::from_millis(*expires_in_ms);
-                runtime.block_on(crate::content::retrying(digest, || {
+                crate::content::retrying(digest, || {
                     fleet_content::land(root, digest, |offset| {
                         crate::url_read::open(url, digest, offset, deadline)
                     })
-                }))
+                })
+                .await
             }
         };
         let path = landed.map_err(content_refused)?;
@@ -648,8 +719,47 @@ impl Node {
     }
 
     /// Opens the run's file (bounded by `max_bytes`; the process runtime reads it in place, a
-    /// runtime that cannot copies it to scratch first) and uploads it, hashed as it goes.
-    fn collect(&self, run_id: &RunId, path: &str, upload: &UploadId, max_bytes: u64) -> Answer {
+    /// runtime that cannot copies it to scratch first) on the blocking pool, and uploads it,
+    /// hashed as it goes.
+    async fn collect(
+        self: &Arc<Self>,
+        run_id: &RunId,
+        path: &str,
+        upload: &UploadId,
+        max_bytes: u64,
+    ) -> Answer {
+        let opened = off_thread({
+            let (node, run_id, path) = (self.clone(), run_id.clone(), path.to_string());
+            move || Ok::<_, Unfinished>(node.open_collected(&run_id, &path, max_bytes))
+        });
+        let collected =
+            (opened.await).unwrap_or_else(|e| Err(Refusal::new(RefusalClass::Other, e)))?;
+        let Some(link) = &self.content else {
+            return Err(Refusal::new(
+                RefusalClass::Other,
+                format!(
+                    "run {run_id}: collect {path}: this node has no content path to a coordinator"
+                ),
+            ));
+        };
+        // The run may still write the file: what the node hashed as it sent is what the
+        // coordinator checks, and a change between a cut try and the next fails that check.
+        let what = format!("{path} of run {run_id}");
+        let digest = (link
+            .upload(&collected.file, upload, &what, collected.size)
+            .await)
+            .map_err(content_refused)?;
+        let size = collected.size;
+        Ok(Reply::Collected { digest, size })
+    }
+
+    /// The run's file `path`, bounded by `max_bytes`, opened for its upload (blocking).
+    fn open_collected(
+        &self,
+        run_id: &RunId,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<crate::runtime::CollectedFile, Refusal> {
         let other = |m: String| Refusal::new(RefusalClass::Other, m);
         std::fs::create_dir_all(&self.scratch)
             .map_err(|e| other(format!("cannot create {}: {e}", self.scratch.display())))?;
@@ -657,26 +767,9 @@ impl Node {
         let scratch = self
             .scratch
             .join(format!("collect-{}-{n}", std::process::id()));
-        let collected = (self.runtime)
+        (self.runtime)
             .open_collected(run_id, path, max_bytes, &scratch)
-            .map_err(refused)?;
-        let Some(link) = &self.content else {
-            return Err(other(format!(
-                "run {run_id}: collect {path}: this node has no content path to a coordinator"
-            )));
-        };
-        // The run may still write the file: what the node hashed as it sent is what the
-        // coordinator checks, and a change between a cut try and the next fails that check.
-        let digest = tokio::runtime::Handle::current()
-            .block_on(link.upload(
-                &collected.file,
-                upload,
-                &format!("{path} of run {run_id}"),
-                collected.size,
-            ))
-            .map_err(content_refused)?;
-        let size = collected.size;
-        Ok(Reply::Collected { digest, size })
+            .map_err(refused)
     }
 }
 

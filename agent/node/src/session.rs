@@ -484,8 +484,8 @@ impl Session<'_> {
             let (op, generation, command) = working.deferred.pop_front().expect("a front");
             working.hold(&held);
             let node = self.node.clone();
-            working.tasks.spawn_blocking(move || {
-                let answer = node.execute(op.as_str(), generation, &command);
+            working.tasks.spawn(async move {
+                let answer = node.execute(op.as_str(), generation, &command).await;
                 Done { op, answer, held }
             });
         }

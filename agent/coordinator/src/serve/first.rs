@@ -277,13 +277,13 @@ async fn receive(
     size: u64,
 ) -> Result<(), Dropped> {
     live_node(coordinator, cert, node_id).await?;
-    let lock = match coordinator.uploads().expected(upload, node_id) {
-        Ok(lock) => lock,
+    let (lock, place) = match coordinator.uploads().expected(upload, node_id) {
+        Ok(expected) => expected,
         Err(refusal) => return refuse(&mut stream, refusal.to_string()).await,
     };
     let _one_try_at_a_time = lock.lock().await;
     coordinator
-        .receive_content(&mut stream, node_id, upload, size)
+        .receive_content(&mut stream, node_id, upload, size, place)
         .await
 }
 

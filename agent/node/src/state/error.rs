@@ -45,6 +45,9 @@ pub enum StateError {
     /// A state change for a run the node never tracked.
     #[error("run {run_id} is not known to this node; start it before reporting its state")]
     UnknownRun { run_id: String },
+    /// Work on the store from async code stopped before it returned (it panicked).
+    #[error(transparent)]
+    Unfinished(#[from] fleet_cli::blocking::Unfinished),
 }
 
 impl StateError {

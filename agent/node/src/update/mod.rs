@@ -22,7 +22,9 @@ use fleet_proto::Digest;
 use fleet_proto::clock::now_ms;
 use fleet_proto::pin::PinnedKey;
 use fleet_proto::protocol::{Answer, Refusal, RefusalClass, Reply};
-use fleet_proto::release::{ReleaseFacts, ReleaseOffer, ReleaseTrust, UpdateOutcome};
+use fleet_proto::release::{
+    ReleaseFacts, ReleaseManifest, ReleaseOffer, ReleaseTrust, UpdateOutcome,
+};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,6 +63,17 @@ pub enum AtStart {
         from: u64,
         to: u64,
         deadline_ms: u64,
+    },
+}
+
+/// What taking a checked release installs.
+enum ToInstall {
+    /// This machine runs it already.
+    Nothing { from: u64 },
+    /// Its binaries for this target, above `floor`.
+    Binaries {
+        manifest: ReleaseManifest,
+        floor: u64,
     },
 }
 
@@ -107,12 +120,28 @@ impl Releases {
         answer
     }
 
-    fn install_and_switch(
+    /// The binaries taking `offer` would fetch, fetched ahead of [`Releases::take`] so that it
+    /// never waits on the network; none where it refuses the offer or runs it already.
+    pub fn wanted(&self, offer: &ReleaseOffer) -> Vec<Digest> {
+        let Ok(record) = ReleaseRecord::load(&self.state) else {
+            return Vec::new();
+        };
+        match self.to_install(&record, offer) {
+            Ok(ToInstall::Binaries { manifest, floor }) => BINARIES
+                .iter()
+                .filter_map(|name| manifest.binary_for(name, TARGET, floor).ok())
+                .map(|binary| binary.sha256)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// What taking `offer` installs, once checked against what this machine trusts and tried.
+    fn to_install(
         &self,
-        record: &mut ReleaseRecord,
+        record: &ReleaseRecord,
         offer: &ReleaseOffer,
-        fetch: &dyn Fn(&Digest) -> Result<PathBuf, Refusal>,
-    ) -> Answer {
+    ) -> Result<ToInstall, Refusal> {
         let trust = self.trust(record);
         if trust.roots.is_empty() {
             return Err(refused(
@@ -121,7 +150,6 @@ impl Releases {
         }
         let manifest = offer.verify(&trust, now_ms()).map_err(refused)?;
         let to = manifest.sequence;
-        tracing::info!(version = %manifest.version, "taking release {to}: fetching and installing it");
         if let Some(reason) = record.never.get(&to) {
             return Err(refused(format!(
                 "release {to} was reverted on this machine ({reason}); it is never tried again"
@@ -129,10 +157,29 @@ impl Releases {
         }
         let from = self.install.running();
         if to == from {
-            // It runs it already: nothing to install, nothing to restart.
-            return Ok(Reply::Updating { from, to });
+            return Ok(ToInstall::Nothing { from });
         }
         let floor = from.max(record.floor);
+        Ok(ToInstall::Binaries { manifest, floor })
+    }
+
+    fn install_and_switch(
+        &self,
+        record: &mut ReleaseRecord,
+        offer: &ReleaseOffer,
+        fetch: &dyn Fn(&Digest) -> Result<PathBuf, Refusal>,
+    ) -> Answer {
+        let (manifest, floor) = match self.to_install(record, offer)? {
+            // It runs it already: nothing to install, nothing to restart.
+            ToInstall::Nothing { from } => return Ok(Reply::Updating { from, to: from }),
+            ToInstall::Binaries { manifest, floor } => (manifest, floor),
+        };
+        let (trust, from, to) = (
+            self.trust(record),
+            self.install.running(),
+            manifest.sequence,
+        );
+        tracing::info!(version = %manifest.version, "taking release {to}: fetching and installing it");
         let mut files = Vec::new();
         for name in BINARIES {
             let binary = manifest.binary_for(name, TARGET, floor).map_err(refused)?;
