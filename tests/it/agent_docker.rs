@@ -592,7 +592,7 @@ fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep
     let store = fleet_agent::state::Store::open(state.path()).unwrap();
     for n in 0..3 {
         let run = format!("tidy-{n}");
-        store.track_run(&run, &workload).unwrap();
+        store.track_run(&as_run_id(&run), &workload).unwrap();
         rt.start(&shell(&run, &workload, "true")).unwrap();
         wait_for(&rt, &run, RunState::Finished);
         // The engine dates containers in whole seconds: one second apart keeps their order.
@@ -602,7 +602,7 @@ fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep
     // Launched, never recorded: what a crash between the create and the record leaves.
     rt.start(&shell("tidy-stray", &workload, "sleep 30"))
         .unwrap();
-    let record = |run: &str| store.run(run).ok().flatten().map(|r| r.state);
+    let record = |run: &fleet_proto::RunId| store.run(run).ok().flatten().map(|r| r.state);
     assert_eq!(rt.tidy(&record).unwrap(), ["tidy-0"]);
     let mut names = containers.names();
     names.sort();
@@ -621,7 +621,7 @@ fn a_stray_container_goes_after_its_grace_and_only_the_newest_finished_runs_keep
     names.sort();
     assert_eq!(names, ["octomy-run-tidy-1", "octomy-run-tidy-2"]);
     // The node's record of the removed run stays final; the runtime no longer holds it.
-    assert_eq!(record("tidy-0"), Some(RunState::Finished));
+    assert_eq!(record(&as_run_id("tidy-0")), Some(RunState::Finished));
     assert!(rt.status(&testkit::rid("tidy-0")).is_err());
 }
 
@@ -731,11 +731,11 @@ fn an_image_this_agent_pulled_goes_once_no_run_needs_it_after_its_delay() {
     };
     let state = testkit::tempdir();
     let store = fleet_agent::state::Store::open(state.path()).unwrap();
-    store.track_run("images-1", &workload).unwrap();
+    store.track_run(&as_run_id("images-1"), &workload).unwrap();
     rt.start(&shell("images-1", &workload, "true")).unwrap();
     wait_for(&rt, "images-1", RunState::Finished);
     fleet_agent::runtime::sync_runs(&store, &rt).unwrap();
-    let record = |run: &str| store.run(run).ok().flatten().map(|r| r.state);
+    let record = |run: &fleet_proto::RunId| store.run(run).ok().flatten().map(|r| r.state);
     // The container goes (retention 0); the image was used too recently to go.
     assert_eq!(rt.tidy(&record).unwrap(), ["images-1"]);
     assert!(present());
@@ -1084,4 +1084,9 @@ fn check_passes_a_healthy_node_and_names_an_unreachable_registry() {
         5,
         "{table}"
     );
+}
+
+/// A run id the test names.
+fn as_run_id(s: &str) -> fleet_proto::RunId {
+    fleet_proto::RunId::parse(s).unwrap()
 }

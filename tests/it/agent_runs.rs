@@ -510,6 +510,7 @@ impl Lcg {
 
 /// The node's command handling with the real store and the real supervisor, command by command.
 mod node_commands {
+    use crate::as_run_id;
     use fleet_agent::node::Node;
     use fleet_agent::runtime::ProcessRuntime;
     use fleet_proto::protocol::{Answer, Command, RefusalClass, Reply, StartRun};
@@ -578,10 +579,10 @@ mod node_commands {
         let record = |run: &str| {
             let workload = Workload::Program(program);
             node.store()
-                .track_run_with(run, &workload, std::slice::from_ref(&input))
+                .track_run_with(&as_run_id(run), &workload, std::slice::from_ref(&input))
                 .unwrap();
             node.store()
-                .transition(run, RunState::Finished, RunReport::default())
+                .transition(&as_run_id(run), RunState::Finished, RunReport::default())
                 .unwrap();
         };
         record("r-old");
@@ -600,13 +601,13 @@ mod node_commands {
             Workload::Program(Digest::parse(&format!("sha256:{}", "0".repeat(64))).unwrap());
         for n in 0..fleet_agent::state::KEEP_FINAL_RUNS {
             let run = format!("r-{n}");
-            node.store().track_run(&run, &workload).unwrap();
+            node.store().track_run(&as_run_id(&run), &workload).unwrap();
             node.store()
-                .transition(&run, RunState::Finished, RunReport::default())
+                .transition(&as_run_id(&run), RunState::Finished, RunReport::default())
                 .unwrap();
         }
         assert_eq!(
-            node.store().run("r-old").unwrap(),
+            node.store().run(&as_run_id("r-old")).unwrap(),
             None,
             "retention forgot it"
         );
@@ -1057,4 +1058,9 @@ fn a_full_disk_fails_runs_with_the_cause_and_the_agent_works_again_once_there_is
     for set in &full {
         assert_eq!(fleet.row(set)["state"], "failed");
     }
+}
+
+/// A run id the test names.
+fn as_run_id(s: &str) -> fleet_proto::RunId {
+    fleet_proto::RunId::parse(s).unwrap()
 }

@@ -34,12 +34,16 @@ fn apply(store: &Store, n: u64, report: &mut impl std::io::Write) {
         writeln!(report, "answered {n} {result}").unwrap();
         return;
     }
-    store.track_run(&run, &zero_program()).unwrap();
+    store.track_run(&as_run_id(&run), &zero_program()).unwrap();
     store
-        .transition(&run, RunState::Running, RunReport::default())
+        .transition(&as_run_id(&run), RunState::Running, RunReport::default())
         .unwrap();
     store
-        .transition(&run, RunState::Finished, RunReport::error(n.to_string()))
+        .transition(
+            &as_run_id(&run),
+            RunState::Finished,
+            RunReport::error(n.to_string()),
+        )
         .unwrap();
     store.record_applied(&op, &json!({ "run": run })).unwrap();
     writeln!(report, "reported {n}").unwrap();
@@ -373,11 +377,11 @@ fn the_watcher_spools_each_transition_once_across_restarts_and_a_dead_supervisor
     let program = Workload::Program(rt.stage(Path::new("/bin/sh")).unwrap());
     let store = Store::open(&state_dir).unwrap();
     for (run, script) in [("short", "sleep 0.5"), ("long", "sleep 30")] {
-        store.track_run(run, &program).unwrap();
+        store.track_run(&as_run_id(run), &program).unwrap();
         rt.start(&shell(run, &program, script)).unwrap();
     }
     // Tracked, never launched (the agent died before the start): left alone, not reported lost.
-    store.track_run("pending", &program).unwrap();
+    store.track_run(&as_run_id("pending"), &program).unwrap();
     let report = sync_runs(&store, &rt).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(report.events.len(), 2, "{:?}", report.events);
@@ -460,7 +464,7 @@ fn sigkill_of_the_watching_agent_at_random_points_spools_each_run_transition_onc
     let count = 12;
     for n in 0..count {
         let run = format!("w-{n}");
-        store.track_run(&run, &program).unwrap();
+        store.track_run(&as_run_id(&run), &program).unwrap();
         let script = format!("sleep {}.{}", n / 5, (n % 5) * 2);
         rt.start(&shell(&run, &program, &script)).unwrap();
     }
@@ -520,4 +524,9 @@ fn sigkill_of_the_watching_agent_at_random_points_spools_each_run_transition_onc
         }
     }
     eprintln!("{restarts} watcher kills, {} events", delivered.len());
+}
+
+/// A run id the test names.
+fn as_run_id(s: &str) -> fleet_proto::RunId {
+    fleet_proto::RunId::parse(s).unwrap()
 }

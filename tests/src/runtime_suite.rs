@@ -132,7 +132,7 @@ pub fn starts_once_and_collects(s: &Subject) {
         .list()
         .unwrap()
         .into_iter()
-        .map(|st| st.run_id)
+        .map(|st| st.run_id.to_string())
         .collect();
     assert!(listed.contains(&"suite-1".to_string()), "{listed:?}");
 }
@@ -153,7 +153,7 @@ pub fn a_stop_ends_the_run_and_says_so(s: &Subject) {
     assert!(outcome.stopped && !outcome.timed_out, "{outcome:?}");
     let err = s.runtime.stop(&rid("suite-nope")).unwrap_err();
     assert!(
-        matches!(&err, RuntimeError::UnknownRun { run_id } if run_id == "suite-nope"),
+        matches!(&err, RuntimeError::UnknownRun { run_id } if run_id.as_str() == "suite-nope"),
         "{err:?}"
     );
 }

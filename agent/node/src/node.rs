@@ -84,13 +84,13 @@ impl Node {
     }
 
     /// One run's record brought up to date with the runtime.
-    pub fn sync_run(&self, run: &str) -> Result<SyncReport, StateError> {
+    pub fn sync_run(&self, run: &RunId) -> Result<SyncReport, StateError> {
         crate::runtime::sync_run(&self.store, self.runtime.as_ref(), run)
     }
 
     /// The runtime's leftovers of runs the records call done, removed; the runs tidied.
-    pub fn tidy(&self) -> Result<Vec<String>, RuntimeError> {
-        let record = |run: &str| self.store.run(run).ok().flatten().map(|r| r.state);
+    pub fn tidy(&self) -> Result<Vec<RunId>, RuntimeError> {
+        let record = |run: &RunId| self.store.run(run).ok().flatten().map(|r| r.state);
         self.runtime.tidy(&record)
     }
 
@@ -106,11 +106,8 @@ impl Node {
             Err(e) => return tracing::warn!("cannot list the runs to stop: {e}"),
         };
         for run in runs {
-            let Ok(id) = RunId::parse(&run.run_id) else {
-                continue;
-            };
-            if let Err(e) = self.runtime.stop(&id) {
-                tracing::warn!(run_id = %id, "cannot stop a run: {e}");
+            if let Err(e) = self.runtime.stop(&run.run_id) {
+                tracing::warn!(run_id = %run.run_id, "cannot stop a run: {e}");
             }
         }
     }
@@ -468,7 +465,7 @@ impl Node {
         let run_id = &start.run_id;
         let store_failed = |e: StateError| Refusal::new(RefusalClass::Store, e);
         // A run id belongs to the first operation that used it; another one is a duplicate.
-        match self.store.run_claim(run_id.as_str()) {
+        match self.store.run_claim(run_id) {
             Ok(Some(claimed)) if claimed != op => {
                 return Err(Refusal::new(
                     RefusalClass::RunIdTaken,
@@ -479,7 +476,7 @@ impl Node {
             }
             Ok(Some(_)) => {}
             Ok(None) => {
-                if let Err(e) = self.store.claim_run(run_id.as_str(), op) {
+                if let Err(e) = self.store.claim_run(run_id, op) {
                     return Err(store_failed(e));
                 }
             }
@@ -547,11 +544,7 @@ impl Node {
             if record.state != RunState::Starting {
                 continue;
             }
-            // The node records only ids that a start carried, so each parses.
-            let Ok(run_id) = fleet_proto::RunId::parse(&record.run_id) else {
-                continue;
-            };
-            match self.runtime.status(&run_id) {
+            match self.runtime.status(&record.run_id) {
                 Err(RuntimeError::UnknownRun { .. }) => {}
                 // Launched before the crash, or not readable now: the watch takes it from here.
                 _ => continue,
@@ -590,7 +583,7 @@ impl Node {
         off_thread(move || {
             let answer = node.start(&launch.op, &launch.start, &fetched);
             node.store.record_answer(&launch.op, &answer)?;
-            let run_id = launch.start.run_id.as_str();
+            let run_id = &launch.start.run_id;
             crate::runtime::sync_run(&node.store, node.runtime.as_ref(), run_id).map(drop)
         })
         .await
@@ -602,7 +595,7 @@ impl Node {
     fn fail_unlaunched(
         &self,
         op: Option<&str>,
-        run_id: &str,
+        run_id: &RunId,
         why: String,
     ) -> Result<(), StateError> {
         if let Some(op) = op {
@@ -620,16 +613,13 @@ impl Node {
     /// A start that could not launch: the run is recorded `failed` with the reason, once.
     fn fail_run(&self, start: &StartRun, refusal: Refusal) -> Answer {
         let run_id = &start.run_id;
-        let recorded = self
-            .store
-            .track_run(run_id.as_str(), &start.workload)
-            .and_then(|_| {
-                self.store.transition(
-                    run_id.as_str(),
-                    RunState::Failed,
-                    RunReport::error(refusal.message.clone()),
-                )
-            });
+        let recorded = self.store.track_run(run_id, &start.workload).and_then(|_| {
+            self.store.transition(
+                run_id,
+                RunState::Failed,
+                RunReport::error(refusal.message.clone()),
+            )
+        });
         match recorded {
             Ok(_) => Err(refusal),
             Err(e) => Err(Refusal::new(RefusalClass::Store, e)),

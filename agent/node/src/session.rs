@@ -7,11 +7,12 @@ use crate::dial::{self, Coordinators, DialError, Dialed};
 use crate::facts::FactsSource;
 use crate::identity::{Identity, Membership};
 use crate::node::Node;
-use fleet_proto::OpId;
+use fleet_cli::blocking::{Unfinished, off_thread};
 use fleet_proto::protocol::{
     self, Answer, Command, Down, FrameError, NodeEnd, Opening, Refusal, RefusalClass, Reply, Up,
 };
 use fleet_proto::version::{Incompatible, Versions};
+use fleet_proto::{OpId, RunId};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWrite;
@@ -36,7 +37,7 @@ struct Done {
 /// the programs being staged (the start may need one of them).
 #[derive(Clone)]
 enum Holds {
-    Start(String),
+    Start(RunId),
     Stage,
     Nothing,
 }
@@ -46,7 +47,7 @@ enum Holds {
 struct Working {
     tasks: JoinSet<Done>,
     /// Runs whose start is in flight.
-    starting: std::collections::HashSet<String>,
+    starting: std::collections::HashSet<RunId>,
     /// Stages in flight.
     staging: usize,
     /// Commands waiting for what they follow, in arrival order.
@@ -462,12 +463,12 @@ impl Session<'_> {
                     if working.staging > 0 || working.starting.len() >= MAX_STARTING {
                         return;
                     }
-                    Holds::Start(start.run_id.to_string())
+                    Holds::Start(start.run_id.clone())
                 }
                 Command::Stop { run_id }
                 | Command::Status { run_id }
                 | Command::Collect { run_id, .. } => {
-                    if working.starting.contains(run_id.as_str()) {
+                    if working.starting.contains(run_id) {
                         return;
                     }
                     Holds::Nothing
@@ -552,10 +553,10 @@ impl Session<'_> {
         &self,
         writer: &mut W,
         working: &Working,
-        runs: std::collections::BTreeSet<String>,
+        runs: std::collections::BTreeSet<RunId>,
         sent_up_to: &mut u64,
     ) -> Result<(), Ended> {
-        let runs: Vec<String> = runs
+        let runs: Vec<RunId> = runs
             .into_iter()
             .filter(|run| !working.starting.contains(run))
             .collect();
@@ -635,7 +636,7 @@ fn parse_down(value: serde_json::Value) -> Result<Down, (OpId, String)> {
 }
 
 /// The runs the runtime noted as changed; never ready for a runtime that notes none.
-async fn changed(changes: Option<&crate::runtime::Changes>) -> std::collections::BTreeSet<String> {
+async fn changed(changes: Option<&crate::runtime::Changes>) -> std::collections::BTreeSet<RunId> {
     match changes {
         Some(changes) => changes.next().await,
         None => std::future::pending().await,
@@ -646,10 +647,8 @@ async fn changed(changes: Option<&crate::runtime::Changes>) -> std::collections:
 async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, String> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("a store task crashed: {e}")),
-    }
+    let done = off_thread(move || Ok::<_, Unfinished>(f())).await;
+    done.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

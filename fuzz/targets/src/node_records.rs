@@ -29,6 +29,11 @@ const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 const OPS: TableDefinition<&str, &[u8]> = TableDefinition::new("ops");
 
 const RUN: &str = "fuzz";
+
+/// [`RUN`] as the store takes it.
+fn run_id() -> fleet_proto::RunId {
+    fleet_proto::RunId::parse(RUN).expect("a run id")
+}
 const OP: &str = "op-fuzz";
 
 pub fn node_records(data: &[u8]) {
@@ -92,7 +97,8 @@ fn names_record(e: &StateError, path: &Path, record: &str) {
 fn run_record(bytes: &[u8]) {
     let direct = serde_json::from_slice::<fleet_agent::state::RunRecord>(bytes);
     let (store, path) = store_with(RUNS, RUN, bytes);
-    match store.run(RUN) {
+    let run = run_id();
+    match store.run(&run) {
         Ok(Some(record)) => {
             assert_eq!(Some(&record), direct.as_ref().ok());
             let json = serde_json::to_vec(&record).expect("a record serializes");
@@ -102,7 +108,7 @@ fn run_record(bytes: &[u8]) {
             assert_eq!(store.runs().expect("the runs").len(), 1);
             // Carried on after the restart: a forward move keeps what the record held.
             let next = RunState::Finished;
-            match store.transition(RUN, next, RunReport::default()) {
+            match store.transition(&run, next, RunReport::default()) {
                 Ok(Some(event)) => {
                     assert!(record.state.may_become(next));
                     assert_eq!((event.run_id.as_str(), event.state), (RUN, next));
@@ -179,7 +185,7 @@ fn op_record(bytes: &[u8]) {
         }
     }
     let (store, path) = store_with(OPS, "run-claim:fuzz", bytes);
-    match store.run_claim(RUN) {
+    match store.run_claim(&run_id()) {
         Ok(claim) => assert!(claim.is_some()),
         Err(e) => names_record(&e, &path, "operation record run-claim:fuzz"),
     }

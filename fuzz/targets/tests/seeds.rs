@@ -411,7 +411,9 @@ fn record_node_records() {
     let state = tempfile::tempdir().expect("a state folder");
     let store = Store::open(state.path()).expect("a store");
     let s = start();
-    store.claim_run("train-42", "op-2").expect("claim");
+    store
+        .claim_run(&as_run_id("train-42"), "op-2")
+        .expect("claim");
     store
         .track_launch(&Launch::of("op-2", &s), &[digest("cd")])
         .expect("track");
@@ -425,13 +427,17 @@ fn record_node_records() {
         )
         .expect("answer");
     store
-        .track_run("train-43", &Workload::Program(digest("ab")))
+        .track_run(&as_run_id("train-43"), &Workload::Program(digest("ab")))
         .expect("track");
     store
-        .transition("train-43", RunState::Running, RunReport::default())
+        .transition(
+            &as_run_id("train-43"),
+            RunState::Running,
+            RunReport::default(),
+        )
         .expect("running");
     store
-        .transition("train-43", RunState::Finished, event(1).report)
+        .transition(&as_run_id("train-43"), RunState::Finished, event(1).report)
         .expect("finished");
     store
         .record_answer(
@@ -519,4 +525,9 @@ fn record() {
     record_frames();
     record_joinfile();
     record_node_records();
+}
+
+/// A run id the seeds name.
+fn as_run_id(s: &str) -> fleet_proto::RunId {
+    fleet_proto::RunId::parse(s).unwrap()
 }

@@ -80,7 +80,7 @@ pub enum Started {
 /// One run as the runtime sees it now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunStatus {
-    pub run_id: String,
+    pub run_id: RunId,
     pub state: RunState,
     /// The typed outcome once there is one, why it failed, and the runtime's own record (for the
     /// process runtime, the supervisor's status with `result.json`); sent on in the event.
@@ -161,7 +161,7 @@ pub trait Runtime: Send + Sync {
         scratch: &Path,
     ) -> Result<CollectedFile, RuntimeError> {
         let failed = |e: std::io::Error| RuntimeError::Refused {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             reason: format!("cannot write {}: {e}", scratch.display()),
         };
         let mut file = (std::fs::File::options().read(true).write(true))
@@ -202,8 +202,8 @@ pub trait Runtime: Send + Sync {
     /// process runtime's store keeps its own retention, so by default nothing is done.
     fn tidy(
         &self,
-        _record: &dyn Fn(&str) -> Option<RunState>,
-    ) -> Result<Vec<String>, RuntimeError> {
+        _record: &dyn Fn(&RunId) -> Option<RunState>,
+    ) -> Result<Vec<RunId>, RuntimeError> {
         Ok(Vec::new())
     }
 }

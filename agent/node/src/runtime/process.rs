@@ -102,12 +102,12 @@ enum Failure {
 
 impl Failure {
     /// Turns a refusal for `run_id` into the matching per-run error.
-    fn for_run(self, run_id: &str) -> RuntimeError {
+    fn for_run(self, run_id: &RunId) -> RuntimeError {
         let (class, reason) = match self {
             Failure::Runtime(e) => return e,
             Failure::Said { class, reason } => (class, reason),
         };
-        let run_id = run_id.to_string();
+        let run_id = run_id.clone();
         match class {
             Refusal::DiskFull => RuntimeError::NoSpace {
                 run_id,
@@ -179,7 +179,7 @@ impl Runtime for ProcessRuntime {
 
     fn start(&self, spec: &RunSpec) -> Result<Started, RuntimeError> {
         let unsupported = |what: &str, hint| RuntimeError::Unsupported {
-            run_id: spec.run_id.to_string(),
+            run_id: spec.run_id.clone(),
             what: what.to_string(),
             runtime: "process",
             hint,
@@ -219,10 +219,10 @@ impl Runtime for ProcessRuntime {
                 class: Refusal::NotStaged,
                 ..
             }) => Err(RuntimeError::UnknownProgram {
-                run_id: spec.run_id.to_string(),
+                run_id: spec.run_id.clone(),
                 program: program.to_string(),
             }),
-            Err(f) => Err(f.for_run(spec.run_id.as_str())),
+            Err(f) => Err(f.for_run(&spec.run_id)),
         }
     }
 
@@ -232,17 +232,17 @@ impl Runtime for ProcessRuntime {
         };
         self.call_ok(&stop.to_args())
             .map(drop)
-            .map_err(|f| f.for_run(run_id.as_str()))
+            .map_err(|f| f.for_run(run_id))
     }
 
     fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
         match self.store().status(run_id) {
             Ok(status) => Ok(convert(status)),
             Err(run_store::Error::UnknownRun { .. }) => Err(RuntimeError::UnknownRun {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
             }),
             Err(e) => Err(RuntimeError::Refused {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
                 reason: e.to_string(),
             }),
         }
@@ -259,7 +259,7 @@ impl Runtime for ProcessRuntime {
         let (digest, size) =
             fleet_content::copy_hashing(&mut collected.file, &mut sink).map_err(|e| {
                 RuntimeError::Refused {
-                    run_id: run_id.to_string(),
+                    run_id: run_id.clone(),
                     reason: format!("cannot send the collected {path}: {e}"),
                 }
             })?;
@@ -279,24 +279,24 @@ impl Runtime for ProcessRuntime {
             run_store::inside::open_in_run(&self.store(), run_id, path.as_ref()).map_err(|e| {
                 match e {
                     run_store::inside::OpenError::Escapes(_) => RuntimeError::PathEscapes {
-                        run_id: run_id.to_string(),
+                        run_id: run_id.clone(),
                         path: path.to_string(),
                     },
                     e => RuntimeError::Refused {
-                        run_id: run_id.to_string(),
+                        run_id: run_id.clone(),
                         reason: e.to_string(),
                     },
                 }
             })?;
         let size = (file.metadata())
             .map_err(|e| RuntimeError::Refused {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
                 reason: format!("cannot read the collected {path}: {e}"),
             })?
             .len();
         if size > max_bytes {
             return Err(RuntimeError::TooLarge {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
                 path: path.to_string(),
                 size,
                 limit: max_bytes,
@@ -348,7 +348,7 @@ fn convert(status: run_store::RunStatus) -> RunStatus {
         _ => None,
     };
     RunStatus {
-        run_id: status.id.to_string(),
+        run_id: status.id.clone(),
         state: state_of(status.state),
         report: RunReport {
             outcome: result.map(outcome),

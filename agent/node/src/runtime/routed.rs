@@ -88,14 +88,14 @@ impl Routed {
     /// Runs `call` on the runtime holding `run_id`: the run store's, else the engine's.
     fn routed<T>(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         call: impl Fn(&dyn Runtime) -> Result<T, RuntimeError>,
     ) -> Result<T, RuntimeError> {
         match call(&self.process) {
             Err(RuntimeError::UnknownRun { .. }) => match self.docker() {
                 Ok(docker) => call(docker.as_ref()),
                 Err(_) => Err(RuntimeError::UnknownRun {
-                    run_id: run_id.to_string(),
+                    run_id: run_id.clone(),
                 }),
             },
             other => other,
@@ -130,7 +130,7 @@ impl Runtime for Routed {
             Workload::Image(_) => match self.docker() {
                 Ok(docker) => docker.start(spec),
                 Err(reason) => Err(RuntimeError::NoEngine {
-                    run_id: spec.run_id.to_string(),
+                    run_id: spec.run_id.clone(),
                     reason: reason.to_string(),
                 }),
             },
@@ -138,11 +138,11 @@ impl Runtime for Routed {
     }
 
     fn stop(&self, run_id: &RunId) -> Result<(), RuntimeError> {
-        self.routed(run_id.as_str(), |rt| rt.stop(run_id))
+        self.routed(run_id, |rt| rt.stop(run_id))
     }
 
     fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
-        self.routed(run_id.as_str(), |rt| rt.status(run_id))
+        self.routed(run_id, |rt| rt.status(run_id))
     }
 
     fn collect(
@@ -157,7 +157,7 @@ impl Runtime for Routed {
             Err(RuntimeError::UnknownRun { .. }) => match self.docker() {
                 Ok(docker) => docker.collect(run_id, path, max_bytes, sink),
                 Err(_) => Err(RuntimeError::UnknownRun {
-                    run_id: run_id.to_string(),
+                    run_id: run_id.clone(),
                 }),
             },
             other => other,
@@ -171,15 +171,15 @@ impl Runtime for Routed {
         max_bytes: u64,
         scratch: &Path,
     ) -> Result<super::CollectedFile, RuntimeError> {
-        self.routed(run_id.as_str(), |rt| {
+        self.routed(run_id, |rt| {
             rt.open_collected(run_id, path, max_bytes, scratch)
         })
     }
 
     fn tidy(
         &self,
-        record: &dyn Fn(&str) -> Option<super::RunState>,
-    ) -> Result<Vec<String>, RuntimeError> {
+        record: &dyn Fn(&RunId) -> Option<super::RunState>,
+    ) -> Result<Vec<RunId>, RuntimeError> {
         let mut removed = self.process.tidy(record)?;
         // Only an engine already reached is tidied: tidying never retries a missing one.
         let docker = match &*self

@@ -39,7 +39,7 @@ pub fn sync_runs(store: &Store, runtime: &dyn Runtime) -> Result<SyncReport, Sta
 pub fn sync_run(
     store: &Store,
     runtime: &dyn Runtime,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<SyncReport, StateError> {
     let mut report = SyncReport::default();
     if let Some(record) = store.run(run_id)?
@@ -53,14 +53,11 @@ pub fn sync_run(
 fn sync_record(
     store: &Store,
     runtime: &dyn Runtime,
-    run_id: &str,
+    run_id: &RunId,
     recorded: RunState,
     report: &mut SyncReport,
 ) -> Result<(), StateError> {
-    let id = RunId::parse(run_id).map_err(|_| StateError::UnknownRun {
-        run_id: run_id.to_string(),
-    })?;
-    let (state, run_report) = match runtime.status(&id) {
+    let (state, run_report) = match runtime.status(run_id) {
         Ok(status) => (status.state, status.report),
         Err(RuntimeError::UnknownRun { .. }) if recorded == RunState::Starting => return Ok(()),
         Err(RuntimeError::UnknownRun { .. }) => (

@@ -44,7 +44,7 @@ pub enum StateError {
     Superseded { got: u64, current: u64 },
     /// A state change for a run the node never tracked.
     #[error("run {run_id} is not known to this node; start it before reporting its state")]
-    UnknownRun { run_id: String },
+    UnknownRun { run_id: fleet_proto::RunId },
     /// Work on the store from async code stopped before it returned (it panicked).
     #[error(transparent)]
     Unfinished(#[from] fleet_cli::blocking::Unfinished),

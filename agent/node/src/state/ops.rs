@@ -1,6 +1,7 @@
 //! Applied operation ids: a command's result is recorded here before it is reported, and a
 //! redelivered command is answered from the record instead of being applied again.
 use super::{StateError, Store};
+use fleet_proto::RunId;
 use fleet_proto::protocol::Answer;
 use redb::{ReadableTable, TableDefinition};
 use serde::Serialize;
@@ -28,7 +29,7 @@ struct RunClaim {
     op: String,
 }
 
-fn claim_key(run_id: &str) -> String {
+fn claim_key(run_id: &RunId) -> String {
     format!("run-claim:{run_id}")
 }
 
@@ -44,13 +45,13 @@ impl Store {
     }
 
     /// The operation that first used `run_id`, if one did.
-    pub fn run_claim(&self, run_id: &str) -> Result<Option<String>, StateError> {
+    pub fn run_claim(&self, run_id: &RunId) -> Result<Option<String>, StateError> {
         let claim: Option<RunClaim> = self.applied(&claim_key(run_id))?;
         Ok(claim.map(|c| c.op))
     }
 
     /// Records that `op` uses `run_id`; a run id already claimed keeps its first operation.
-    pub fn claim_run(&self, run_id: &str, op: &str) -> Result<(), StateError> {
+    pub fn claim_run(&self, run_id: &RunId, op: &str) -> Result<(), StateError> {
         let claim = RunClaim { op: op.to_string() };
         self.record_applied(&claim_key(run_id), &claim)
     }

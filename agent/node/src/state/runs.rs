@@ -1,9 +1,9 @@
 //! Run records: the runs this node knows and the last state it spooled for each, so every
 //! transition is spooled exactly once, across restarts.
 use super::{Event, StateError, Store, now_unix_ms};
-use fleet_proto::Digest;
 use fleet_proto::protocol::StartRun;
 use fleet_proto::run::{RunReport, RunState, Workload};
+use fleet_proto::{Digest, RunId};
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
 /// run id -> JSON [`RunRecord`].
@@ -18,7 +18,7 @@ pub const KEEP_FINAL_RUNS: u64 = 1_000;
 /// What the node knows about one run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunRecord {
-    pub run_id: String,
+    pub run_id: RunId,
     /// What the run executes.
     pub workload: Workload,
     /// The last state spooled for this run.
@@ -80,7 +80,7 @@ impl Store {
     /// Telling a redelivery from a second command reusing the id is the caller's job (by operation id).
     pub fn track_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         workload: &Workload,
     ) -> Result<Option<Event>, StateError> {
         self.track_run_with(run_id, workload, &[])
@@ -89,7 +89,7 @@ impl Store {
     /// Like [`Store::track_run`], noting the content the run's inputs come from.
     pub fn track_run_with(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         workload: &Workload,
         inputs: &[Digest],
     ) -> Result<Option<Event>, StateError> {
@@ -104,12 +104,12 @@ impl Store {
         inputs: &[Digest],
     ) -> Result<Option<Event>, StateError> {
         let start = &launch.start;
-        self.track(start.run_id.as_str(), &start.workload, inputs, Some(launch))
+        self.track(&start.run_id, &start.workload, inputs, Some(launch))
     }
 
     fn track(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         workload: &Workload,
         inputs: &[Digest],
         launch: Option<&Launch>,
@@ -119,7 +119,7 @@ impl Store {
                 return Ok(None);
             }
             let record = RunRecord {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
                 workload: workload.clone(),
                 state: RunState::Starting,
                 updated_unix_ms: now_unix_ms(),
@@ -138,14 +138,14 @@ impl Store {
     /// post-final observation changes nothing and returns `None`, so each transition is spooled once.
     pub fn transition(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         state: RunState,
         report: RunReport,
     ) -> Result<Option<Event>, StateError> {
         self.write(|tx| {
             let Some(mut record) = self.get_run(tx, run_id)? else {
                 return Err(StateError::UnknownRun {
-                    run_id: run_id.to_string(),
+                    run_id: run_id.clone(),
                 });
             };
             if !record.state.may_become(state) {
@@ -164,17 +164,18 @@ impl Store {
     }
 
     /// The record of one run, if known.
-    pub fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StateError> {
+    pub fn run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StateError> {
         self.read(|tx| {
             let runs = match tx.open_table(RUNS) {
                 Ok(t) => t,
                 Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
                 Err(e) => return Err(self.fail(e)),
             };
-            let bytes = runs.get(run_id).map_err(|e| self.fail(e))?;
+            let bytes = runs.get(run_id.as_str()).map_err(|e| self.fail(e))?;
             bytes
                 .map(|b| {
-                    serde_json::from_slice(b.value()).map_err(|e| self.corrupt("run", run_id, e))
+                    serde_json::from_slice(b.value())
+                        .map_err(|e| self.corrupt("run", run_id.as_str(), e))
                 })
                 .transpose()
         })
@@ -209,12 +210,15 @@ impl Store {
     fn get_run(
         &self,
         tx: &WriteTransaction,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<Option<RunRecord>, StateError> {
         let runs = tx.open_table(RUNS).map_err(|e| self.fail(e))?;
-        let bytes = runs.get(run_id).map_err(|e| self.fail(e))?;
+        let bytes = runs.get(run_id.as_str()).map_err(|e| self.fail(e))?;
         bytes
-            .map(|b| serde_json::from_slice(b.value()).map_err(|e| self.corrupt("run", run_id, e)))
+            .map(|b| {
+                serde_json::from_slice(b.value())
+                    .map_err(|e| self.corrupt("run", run_id.as_str(), e))
+            })
             .transpose()
     }
 
@@ -228,13 +232,13 @@ impl Store {
     }
 
     /// Notes a run as final and forgets the oldest final records beyond [`KEEP_FINAL_RUNS`].
-    fn remember_final(&self, tx: &WriteTransaction, run_id: &str) -> Result<(), StateError> {
+    fn remember_final(&self, tx: &WriteTransaction, run_id: &RunId) -> Result<(), StateError> {
         self.remember_in_order(
             tx,
             FINAL_ORDER,
             RUNS,
             META_FINAL_SEQ,
-            run_id,
+            run_id.as_str(),
             KEEP_FINAL_RUNS,
         )
     }

@@ -1,5 +1,6 @@
 //! The event spool: run state changes with stable, monotonic ids, kept until the coordinator acks them.
 use super::{StateError, Store, now_unix_ms};
+use fleet_proto::RunId;
 use fleet_proto::run::{Event, RunReport, RunState};
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
@@ -12,7 +13,7 @@ impl Store {
     /// Appends an event durably and returns it with its id.
     pub fn append_event(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         state: RunState,
         report: RunReport,
     ) -> Result<Event, StateError> {
@@ -23,18 +24,14 @@ impl Store {
     pub(super) fn append_in(
         &self,
         tx: &WriteTransaction,
-        run_id: &str,
+        run_id: &RunId,
         state: RunState,
         report: RunReport,
     ) -> Result<Event, StateError> {
-        // A run the node tracks was started under a valid id; any other string names no run.
-        let run_id = fleet_proto::RunId::parse(run_id).map_err(|_| StateError::UnknownRun {
-            run_id: run_id.to_string(),
-        })?;
         let id = self.take_next(tx, META_EVENT_ID)?;
         let event = Event {
             id,
-            run_id,
+            run_id: run_id.clone(),
             state,
             report,
             at_unix_ms: now_unix_ms(),

@@ -38,14 +38,17 @@ fn answers_and_run_claims_are_kept_typed_and_the_first_of_each_stays() {
     store.record_answer("stop-1", &stopped).unwrap();
     let refused: Answer = Err(Refusal::new(RefusalClass::Other, "no"));
     store.record_answer("stop-1", &refused).unwrap();
-    assert_eq!(store.run_claim("r-1").unwrap(), None);
-    store.claim_run("r-1", "start-1").unwrap();
-    store.claim_run("r-1", "start-2").unwrap();
+    assert_eq!(store.run_claim(&as_run_id("r-1")).unwrap(), None);
+    store.claim_run(&as_run_id("r-1"), "start-1").unwrap();
+    store.claim_run(&as_run_id("r-1"), "start-2").unwrap();
     drop(store);
     let store = Store::open(d.path()).unwrap();
     assert_eq!(store.answer_of("stop-1").unwrap(), Some(stopped));
     assert_eq!(store.answer_of("stop-2").unwrap(), None);
-    assert_eq!(store.run_claim("r-1").unwrap().as_deref(), Some("start-1"));
+    assert_eq!(
+        store.run_claim(&as_run_id("r-1")).unwrap().as_deref(),
+        Some("start-1")
+    );
     // A record that is not an answer is refused naming it, never taken for one.
     store.record_applied("odd", &json!({"n": 1})).unwrap();
     let err = store.answer_of("odd").unwrap_err().to_string();
@@ -62,7 +65,11 @@ fn event_ids_are_monotonic_and_never_reused_after_acks_and_reopening() {
     let ids: Vec<u64> = (0..3)
         .map(|i| {
             store
-                .append_event("r1", RunState::Running, RunReport::error(i.to_string()))
+                .append_event(
+                    &as_run_id("r1"),
+                    RunState::Running,
+                    RunReport::error(i.to_string()),
+                )
                 .unwrap()
                 .id
         })
@@ -80,7 +87,7 @@ fn event_ids_are_monotonic_and_never_reused_after_acks_and_reopening() {
     let store = Store::open(d.path()).unwrap();
     assert_eq!(store.last_event_id().unwrap(), 3);
     let next = store
-        .append_event("r1", RunState::Finished, RunReport::default())
+        .append_event(&as_run_id("r1"), RunState::Finished, RunReport::default())
         .unwrap();
     assert_eq!(next.id, 4);
     assert_eq!(store.pending_events(3, 10).unwrap(), vec![next]);
@@ -112,51 +119,57 @@ fn a_recorded_start_is_kept_without_its_credential_until_the_run_moves_on() {
         "the credential reached the disk"
     );
     let store = Store::open(d.path()).unwrap();
-    assert_eq!(store.run("r1").unwrap().unwrap().launch, Some(launch));
+    assert_eq!(
+        store.run(&as_run_id("r1")).unwrap().unwrap().launch,
+        Some(launch)
+    );
     store
-        .transition("r1", RunState::Running, RunReport::default())
+        .transition(&as_run_id("r1"), RunState::Running, RunReport::default())
         .unwrap();
-    assert_eq!(store.run("r1").unwrap().unwrap().launch, None);
+    assert_eq!(store.run(&as_run_id("r1")).unwrap().unwrap().launch, None);
 }
 
 #[test]
 fn each_run_transition_is_spooled_once_and_final_states_stay_final() {
     let d = dir();
     let store = Store::open(d.path()).unwrap();
-    let starting = store.track_run("r1", &program()).unwrap().unwrap();
+    let starting = store
+        .track_run(&as_run_id("r1"), &program())
+        .unwrap()
+        .unwrap();
     assert_eq!((starting.state, starting.id), (RunState::Starting, 1));
-    assert_eq!(store.track_run("r1", &program()).unwrap(), None);
+    assert_eq!(store.track_run(&as_run_id("r1"), &program()).unwrap(), None);
     assert!(
         store
-            .transition("r1", RunState::Running, RunReport::default())
+            .transition(&as_run_id("r1"), RunState::Running, RunReport::default())
             .unwrap()
             .is_some()
     );
     assert_eq!(
         store
-            .transition("r1", RunState::Running, RunReport::default())
+            .transition(&as_run_id("r1"), RunState::Running, RunReport::default())
             .unwrap(),
         None
     );
     assert_eq!(
         store
-            .transition("r1", RunState::Starting, RunReport::default())
+            .transition(&as_run_id("r1"), RunState::Starting, RunReport::default())
             .unwrap(),
         None
     );
     assert_eq!(store.active_runs().unwrap().len(), 1);
     let done = store
-        .transition("r1", RunState::Finished, RunReport::default())
+        .transition(&as_run_id("r1"), RunState::Finished, RunReport::default())
         .unwrap();
     assert_eq!(done.unwrap().id, 3);
     assert_eq!(
         store
-            .transition("r1", RunState::Lost, RunReport::default())
+            .transition(&as_run_id("r1"), RunState::Lost, RunReport::default())
             .unwrap(),
         None
     );
     assert_eq!(store.active_runs().unwrap(), vec![]);
-    let record = store.run("r1").unwrap().unwrap();
+    let record = store.run(&as_run_id("r1")).unwrap().unwrap();
     assert_eq!(
         (record.state, record.workload),
         (RunState::Finished, program())
@@ -172,7 +185,7 @@ fn each_run_transition_is_spooled_once_and_final_states_stay_final() {
         [RunState::Starting, RunState::Running, RunState::Finished]
     );
     let err = store
-        .transition("nope", RunState::Running, RunReport::default())
+        .transition(&as_run_id("nope"), RunState::Running, RunReport::default())
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -351,4 +364,9 @@ fn a_truncated_store_fails_closed_and_never_opens_empty() {
         len / 2,
         "the file is left as it was"
     );
+}
+
+/// A run id the test names.
+fn as_run_id(s: &str) -> fleet_proto::RunId {
+    fleet_proto::RunId::parse(s).unwrap()
 }

@@ -5,6 +5,7 @@
 use super::{DockerRuntime, RUN_DIR, container_name, describe, status_of};
 use crate::runtime::{Collected, RuntimeError};
 use bollard::query_parameters::{ContainerArchiveInfoOptions, DownloadFromContainerOptions};
+use fleet_proto::RunId;
 use futures_util::StreamExt;
 use sha2::Digest as _;
 use std::io::Read;
@@ -16,17 +17,17 @@ const MODE_NOT_REGULAR: u32 =
 
 pub(super) fn collect(
     rt: &DockerRuntime,
-    run_id: &str,
+    run_id: &RunId,
     path: &str,
     max_bytes: u64,
     sink: &mut dyn std::io::Write,
 ) -> Result<Collected, RuntimeError> {
     let escapes = || RuntimeError::PathEscapes {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         path: path.to_string(),
     };
     let refused = |reason: String| RuntimeError::Refused {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         reason,
     };
     let parts: Vec<&str> = path
@@ -47,7 +48,7 @@ pub(super) fn collect(
         rt.inspect(run_id)
             .await?
             .ok_or_else(|| RuntimeError::UnknownRun {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
             })?;
         let mut at = RUN_DIR.to_string();
         let mut mode_size = (0, 0);
@@ -80,7 +81,7 @@ pub(super) fn collect(
         Ok(u64::try_from(mode_size.1).unwrap_or(0))
     })?;
     let too_large = |size| RuntimeError::TooLarge {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         path: path.to_string(),
         size,
         limit: max_bytes,

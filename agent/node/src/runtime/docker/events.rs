@@ -1,5 +1,5 @@
 //! The engine's event stream: every end of this agent's containers is noted in [`Changes`].
-use super::{Changes, LABEL_AGENT, LABEL_RUN};
+use super::{Changes, LABEL_AGENT, labelled_run};
 use bollard::Docker;
 use bollard::query_parameters::EventsOptions;
 use futures_util::StreamExt;
@@ -24,8 +24,8 @@ pub(super) async fn watch_events(docker: Docker, agent: String, changes: Changes
         let mut events = docker.events(Some(options.clone()));
         while let Some(Ok(event)) = events.next().await {
             let attributes = event.actor.and_then(|a| a.attributes);
-            if let Some(run_id) = attributes.as_ref().and_then(|a| a.get(LABEL_RUN)) {
-                changes.note(run_id);
+            if let Some(run_id) = labelled_run(attributes.as_ref()) {
+                changes.note(&run_id);
             }
         }
         tokio::time::sleep(EVENTS_RETRY).await;

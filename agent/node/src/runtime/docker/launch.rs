@@ -7,6 +7,7 @@ use super::{
 use crate::runtime::Workload;
 use bollard::models::{ContainerCreateBody, ContainerStateStatusEnum, DeviceRequest, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, UploadToContainerOptions};
+use fleet_proto::RunId;
 use fleet_proto::run::{Gpus, ImageRef};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use std::time::Duration;
 pub(super) fn image_and_argv(spec: &RunSpec) -> Result<(ImageRef, Vec<String>), RuntimeError> {
     let run_id = &spec.run_id;
     let unsupported = |what: String, hint| RuntimeError::Unsupported {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         what,
         runtime: NAME,
         hint,
@@ -108,10 +109,10 @@ impl DockerRuntime {
         image: &ImageRef,
         argv: Vec<String>,
     ) -> Result<Started, RuntimeError> {
-        let run_id = spec.run_id.as_str();
+        let run_id = &spec.run_id;
         let name = container_name(run_id);
         let refused = |reason: String| RuntimeError::Refused {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             reason,
         };
         // The create is asked first, as the `docker` CLI does: a container of this name (a
@@ -166,7 +167,7 @@ impl DockerRuntime {
 
     /// The run's container if it exists and ever started; a created, never started one is
     /// removed so the start can make it again.
-    async fn adopt(&self, run_id: &str) -> Result<Option<Started>, RuntimeError> {
+    async fn adopt(&self, run_id: &RunId) -> Result<Option<Started>, RuntimeError> {
         let Some(info) = self.inspect(run_id).await? else {
             return Ok(None);
         };
@@ -182,10 +183,10 @@ impl DockerRuntime {
 
     /// Copies the inputs into the run folder, then starts the container.
     async fn launch(&self, spec: &RunSpec, name: &str) -> Result<(), RuntimeError> {
-        let run_id = spec.run_id.as_str();
+        let run_id = &spec.run_id;
         if !spec.inputs.is_empty() {
             let unreadable = |e: std::io::Error| RuntimeError::Refused {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
                 reason: format!("cannot read the inputs: {e}"),
             };
             let (tar, writing) = inputs_tar(&spec.inputs).map_err(unreadable)?;
@@ -217,7 +218,7 @@ impl DockerRuntime {
                 if spec.resources.gpus != Gpus::None && describe(&e).contains("device driver") =>
             {
                 Err(RuntimeError::Unsupported {
-                    run_id: run_id.to_string(),
+                    run_id: run_id.clone(),
                     what: format!("a GPU request (the engine says: {})", describe(&e)),
                     runtime: NAME,
                     hint: "install the NVIDIA Container Toolkit on this node, or run without GPUs",

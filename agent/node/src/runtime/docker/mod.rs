@@ -55,9 +55,16 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_PULL_STALL: Duration = Duration::from_secs(60);
 const NAME: &str = "docker";
 
+/// The run a container's labels name; a label that is no run id names no run of this agent.
+pub(super) fn labelled_run(labels: Option<&HashMap<String, String>>) -> Option<RunId> {
+    labels
+        .and_then(|l| l.get(LABEL_RUN))
+        .and_then(|l| RunId::parse(l).ok())
+}
+
 /// A run's container name: the engine refuses a second container of one name, which makes the
 /// name the run's claim.
-pub fn container_name(run_id: &str) -> String {
+pub fn container_name(run_id: &RunId) -> String {
     format!("octomy-run-{run_id}")
 }
 
@@ -74,7 +81,7 @@ pub struct DockerRuntime {
     last_tidy: Mutex<Option<std::time::Instant>>,
     engine_version: engine::EngineVersion,
     /// Final runs never change again: their status is read once.
-    finished: Mutex<HashMap<String, RunStatus>>,
+    finished: Mutex<HashMap<RunId, RunStatus>>,
     timers: Arc<Timers>,
 }
 
@@ -199,9 +206,9 @@ impl DockerRuntime {
         self.docker.client_version().to_string()
     }
 
-    fn engine_error(&self, run_id: &str, what: &str, e: ApiError) -> RuntimeError {
+    fn engine_error(&self, run_id: &RunId, what: &str, e: ApiError) -> RuntimeError {
         RuntimeError::Refused {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             reason: format!("the Docker engine could not {what}: {}", describe(&e)),
         }
     }
@@ -229,11 +236,11 @@ impl Runtime for DockerRuntime {
     }
 
     fn stop(&self, run_id: &RunId) -> Result<(), RuntimeError> {
-        self.rt().block_on(self.stop_async(run_id.as_str()))
+        self.rt().block_on(self.stop_async(run_id))
     }
 
     fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
-        self.rt().block_on(self.observe(run_id.as_str()))
+        self.rt().block_on(self.observe(run_id))
     }
 
     fn collect(
@@ -243,14 +250,17 @@ impl Runtime for DockerRuntime {
         max_bytes: u64,
         sink: &mut dyn std::io::Write,
     ) -> Result<Collected, RuntimeError> {
-        collect::collect(self, run_id.as_str(), path, max_bytes, sink)
+        collect::collect(self, run_id, path, max_bytes, sink)
     }
 
     fn list(&self) -> Result<Vec<RunStatus>, RuntimeError> {
         self.rt().block_on(self.list_async())
     }
 
-    fn tidy(&self, record: &dyn Fn(&str) -> Option<RunState>) -> Result<Vec<String>, RuntimeError> {
+    fn tidy(
+        &self,
+        record: &dyn Fn(&RunId) -> Option<RunState>,
+    ) -> Result<Vec<RunId>, RuntimeError> {
         {
             let mut last = self
                 .last_tidy

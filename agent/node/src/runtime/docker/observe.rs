@@ -3,11 +3,12 @@ use super::marks::Mark;
 use super::timers::{grace_of, is_running, label, time_left};
 use super::{
     DockerRuntime, LABEL_AGENT, LABEL_OUTPUT_LIMIT, LABEL_RUN, RunState, RunStatus, RuntimeError,
-    container_name, status_of,
+    container_name, labelled_run, status_of,
 };
 use crate::runtime::{Outcome, RunReport};
 use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum};
 use bollard::query_parameters::LogsOptions;
+use fleet_proto::RunId;
 use fleet_proto::run::OutputEnd;
 use futures_util::StreamExt;
 use sha2::Digest as _;
@@ -16,7 +17,7 @@ impl DockerRuntime {
     /// The run's container, if this agent has one by that name.
     pub(super) async fn inspect(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<Option<ContainerInspectResponse>, RuntimeError> {
         match self
             .docker
@@ -30,17 +31,17 @@ impl DockerRuntime {
         }
     }
 
-    fn owns(&self, info: &ContainerInspectResponse, run_id: &str) -> bool {
+    fn owns(&self, info: &ContainerInspectResponse, run_id: &RunId) -> bool {
         let labels = info.config.as_ref().and_then(|c| c.labels.as_ref());
         labels.is_some_and(|l| {
-            l.get(LABEL_RUN).map(String::as_str) == Some(run_id)
+            l.get(LABEL_RUN).map(String::as_str) == Some(run_id.as_str())
                 && l.get(LABEL_AGENT) == Some(&self.agent)
         })
     }
 
     /// The run as the engine has it now; a running run with a timeout gets its timer (one
     /// adopted after a restart), which stops it at once when it is past its deadline.
-    pub(super) async fn observe(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
+    pub(super) async fn observe(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
         if let Some(done) = self
             .finished
             .lock()
@@ -50,7 +51,7 @@ impl DockerRuntime {
             return Ok(done.clone());
         }
         let unknown = || RuntimeError::UnknownRun {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
         };
         let info = self.inspect(run_id).await?.ok_or_else(unknown)?;
         if is_running(&info)
@@ -63,14 +64,14 @@ impl DockerRuntime {
             self.finished
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(run_id.to_string(), status.clone());
+                .insert(run_id.clone(), status.clone());
         }
         Ok(status)
     }
 
     async fn status_from(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         info: &ContainerInspectResponse,
     ) -> Result<RunStatus, RuntimeError> {
         let state = info.state.clone().unwrap_or_default();
@@ -120,7 +121,7 @@ impl DockerRuntime {
             None
         };
         Ok(RunStatus {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             state: run_state,
             report: RunReport {
                 outcome,
@@ -133,7 +134,7 @@ impl DockerRuntime {
     /// Both output streams as they ended: counted and hashed in full, the end kept.
     async fn outputs(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         limit: Option<u64>,
     ) -> Result<(OutputEnd, OutputEnd), RuntimeError> {
         let options = LogsOptions {
@@ -156,10 +157,10 @@ impl DockerRuntime {
         let containers = self.containers().await?;
         let mut runs = Vec::new();
         for c in containers {
-            let Some(run_id) = c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)) else {
+            let Some(run_id) = labelled_run(c.labels.as_ref()) else {
                 continue;
             };
-            match self.observe(run_id).await {
+            match self.observe(&run_id).await {
                 Ok(status) => runs.push(status),
                 // Removed between the list and the inspect.
                 Err(RuntimeError::UnknownRun { .. }) => {}

@@ -1,6 +1,7 @@
 //! Image pulls (the credential in that one request's header) and the marks of pulled images.
 use super::{DockerRuntime, RuntimeError, describe, engine};
 use bollard::query_parameters::CreateImageOptions;
+use fleet_proto::RunId;
 use fleet_proto::run::{ImageRef, RegistryAuth};
 use futures_util::StreamExt;
 use sha2::Digest as _;
@@ -10,13 +11,13 @@ impl DockerRuntime {
     /// Pulls `image`; a stalled pull is abandoned.
     pub(super) async fn pull(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         image: &ImageRef,
         auth: Option<&RegistryAuth>,
     ) -> Result<(), RuntimeError> {
         let reference = image.to_string();
         let refused = |reason: String| RuntimeError::Refused {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             reason,
         };
         // bollard encodes its credentials header as standard base64 while the engine decodes

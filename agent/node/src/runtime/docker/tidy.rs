@@ -1,11 +1,12 @@
 //! Clean-up: a run's container forgotten, strays and old finished runs ([`Tidy`]), unused images.
 use super::marks::Mark;
 use super::{
-    DockerRuntime, LABEL_AGENT, LABEL_RUN, RunState, RuntimeError, container_name, describe,
+    DockerRuntime, LABEL_AGENT, RunState, RuntimeError, container_name, describe, labelled_run,
     status_of,
 };
 use bollard::errors::Error as ApiError;
 use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
+use fleet_proto::RunId;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -65,7 +66,7 @@ impl DockerRuntime {
     }
 
     /// Removes a run's container and everything this runtime kept about it.
-    async fn forget(&self, run_id: &str) -> Result<(), RuntimeError> {
+    async fn forget(&self, run_id: &RunId) -> Result<(), RuntimeError> {
         match self.remove(&container_name(run_id)).await {
             Ok(()) => {}
             Err(e) if status_of(&e) == Some(404) => {}
@@ -84,8 +85,8 @@ impl DockerRuntime {
 
     pub(super) async fn tidy_async(
         &self,
-        record: &dyn Fn(&str) -> Option<RunState>,
-    ) -> Result<Vec<String>, RuntimeError> {
+        record: &dyn Fn(&RunId) -> Option<RunState>,
+    ) -> Result<Vec<RunId>, RuntimeError> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
@@ -96,7 +97,7 @@ impl DockerRuntime {
         let mut removed = Vec::new();
         let mut finished = 0;
         for c in containers {
-            let Some(run_id) = c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).cloned() else {
+            let Some(run_id) = labelled_run(c.labels.as_ref()) else {
                 continue;
             };
             let age = Duration::from_secs((now - c.created.unwrap_or(now)).max(0) as u64);

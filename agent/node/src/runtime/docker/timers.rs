@@ -8,6 +8,7 @@ use bollard::Docker;
 use bollard::errors::Error as ApiError;
 use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::StopContainerOptions;
+use fleet_proto::RunId;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -15,12 +16,12 @@ use std::time::Duration;
 
 impl DockerRuntime {
     /// Stops the run's container if it is running, its stop recorded first.
-    pub(super) async fn stop_async(&self, run_id: &str) -> Result<(), RuntimeError> {
+    pub(super) async fn stop_async(&self, run_id: &RunId) -> Result<(), RuntimeError> {
         let info = self
             .inspect(run_id)
             .await?
             .ok_or_else(|| RuntimeError::UnknownRun {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
             })?;
         if is_running(&info) {
             self.end(run_id, &info, Mark::Stopped).await?;
@@ -31,7 +32,7 @@ impl DockerRuntime {
     /// Stops the container with its grace, having first recorded why.
     async fn end(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         info: &ContainerInspectResponse,
         mark: Mark,
     ) -> Result<(), RuntimeError> {
@@ -85,7 +86,7 @@ pub(super) struct Timers {
     marks: PathBuf,
     changes: Changes,
     /// Runs whose timer is set: at most one each.
-    armed: Mutex<HashSet<String>>,
+    armed: Mutex<HashSet<RunId>>,
 }
 
 impl Timers {
@@ -100,16 +101,16 @@ impl Timers {
 
     /// Once per run: in `left`, the container `id`, if still running, is stopped with `grace`,
     /// its timeout recorded first; then the run is noted as changed.
-    pub(super) fn arm(self: &Arc<Self>, run_id: &str, id: &str, grace: Duration, left: Duration) {
+    pub(super) fn arm(self: &Arc<Self>, run_id: &RunId, id: &str, grace: Duration, left: Duration) {
         if !self
             .armed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(run_id.to_string())
+            .insert(run_id.clone())
         {
             return;
         }
-        let (timers, run, id) = (self.clone(), run_id.to_string(), id.to_string());
+        let (timers, run, id) = (self.clone(), run_id.clone(), id.to_string());
         tokio::spawn(async move {
             tokio::time::sleep(left).await;
             if let Err(e) = timers.expire(&run, &id, grace).await {
@@ -120,14 +121,14 @@ impl Timers {
     }
 
     /// Forgets that the run's timer is set (one set still fires), so it can be armed again.
-    pub(super) fn disarm(&self, run_id: &str) {
+    pub(super) fn disarm(&self, run_id: &RunId) {
         self.armed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(run_id);
     }
 
-    async fn expire(&self, run_id: &str, id: &str, grace: Duration) -> Result<(), String> {
+    async fn expire(&self, run_id: &RunId, id: &str, grace: Duration) -> Result<(), String> {
         match self.docker.inspect_container(id, None).await {
             Ok(info) if is_running(&info) => {}
             // It ended on its own, or is gone.
