@@ -8,6 +8,7 @@ use crate::join::{self, JoinError};
 use crate::node::Node;
 use crate::runtime::{ProcessRuntime, Routed};
 use crate::session::{self, SessionSettings};
+use fleet_cli::blocking::off_thread;
 use fleet_proto::clock::now_ms;
 use fleet_proto::joinfile::{self, JoinFile, JoinFileError};
 use std::path::PathBuf;
@@ -165,10 +166,7 @@ pub async fn run(config: AgentConfig) -> Result<std::convert::Infallible, AgentE
     // the session opens; the others are completed beside it (a pull may take long).
     let launches = {
         let node = node.clone();
-        tokio::task::spawn_blocking(move || node.unlaunched())
-            .await
-            // Cannot fail: the task returns its errors; it panics only on a bug, which should stop the agent.
-            .expect("finding the unlaunched starts does not panic")?
+        off_thread(move || node.unlaunched()).await?
     };
     for launch in launches {
         let node = node.clone();

@@ -5,6 +5,7 @@ use super::ServeConfig;
 use crate::census::FleetCounts;
 use crate::store::Beat;
 use crate::{Coordinator, CoordinatorError};
+use fleet_cli::blocking::off_thread;
 use fleet_proto::NodeId;
 use fleet_proto::clock::now_ms;
 use std::collections::HashMap;
@@ -335,16 +336,13 @@ async fn drive_rollout_forever(coordinator: Arc<Coordinator>) {
             done_step = Some((opened, tokio::time::Instant::now()));
         }
         let stepping = coordinator.clone();
-        let stepped = tokio::task::spawn_blocking(move || stepping.step_rollout(done_too)).await;
+        let stepped = off_thread(move || stepping.step_rollout(done_too)).await;
         let sent = match stepped {
-            Ok(Ok(Some((offer, nodes)))) if !nodes.is_empty() => {
+            Ok(Some((offer, nodes))) if !nodes.is_empty() => {
                 coordinator.send_rollout(offer, nodes).await
             }
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e),
-            Err(e) => Err(CoordinatorError::Request(format!(
-                "a rollout step did not complete: {e}"
-            ))),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
         };
         if let Err(e) = sent {
             done_step = None;

@@ -13,6 +13,7 @@ use crate::error::Dropped;
 use crate::live::Admission;
 use crate::{Coordinator, http};
 use connections::Connections;
+use fleet_cli::blocking::off_thread;
 use fleet_proto::NodeId;
 use fleet_proto::pin;
 use std::future::Future;
@@ -127,9 +128,8 @@ pub async fn serve(
     coordinator.fleet().hold_copies(config.content_copies);
     coordinator.fetch_window().open(config.fetch_window);
     let (joined, lease) = (coordinator.clone(), config.lease);
-    tokio::task::spawn_blocking(move || background::join_fleet(&joined, lease))
+    off_thread(move || background::join_fleet(&joined, lease))
         .await
-        .map_err(std::io::Error::other)?
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let background = background::start(&coordinator, &config);
     let (stop, stopping) = tokio::sync::watch::channel(false);
