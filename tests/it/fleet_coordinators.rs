@@ -9,6 +9,7 @@
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Duration;
 use testkit::agent::{Agent, Coordinator, script, wait_until};
 use testkit::postgres::Postgres;
@@ -18,7 +19,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// `n` coordinators on one database, sharing the fleet's key (copied into each data folder, as
 /// an operator would), each knowing the others.
 struct Fleet {
-    pg: Postgres,
+    pg: Rc<Postgres>,
     /// The fleet's database.
     url: String,
     dir: tempfile::TempDir,
@@ -35,17 +36,7 @@ impl Fleet {
 
     /// `n` coordinators, each started with `flags` beside `--store`.
     fn with_flags(n: usize, flags: &[&str]) -> Fleet {
-        let pg = Postgres::start();
-        let url = pg.fresh_database();
-        let dir = testkit::tempdir();
-        let mut fleet = Fleet {
-            pg,
-            url,
-            dir,
-            coords: Vec::new(),
-            agents: Vec::new(),
-            flags: flags.iter().map(|f| f.to_string()).collect(),
-        };
+        let mut fleet = Fleet::on(Rc::new(Postgres::start()), flags);
         for _ in 0..n {
             fleet.start_coordinator();
         }
@@ -55,6 +46,19 @@ impl Fleet {
         });
         assert!(everyone, "the coordinators never all knew each other");
         fleet
+    }
+
+    /// No coordinator yet, on a fresh database of `pg`.
+    fn on(pg: Rc<Postgres>, flags: &[&str]) -> Fleet {
+        let url = pg.fresh_database();
+        Fleet {
+            pg,
+            url,
+            dir: testkit::tempdir(),
+            coords: Vec::new(),
+            agents: Vec::new(),
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -595,6 +599,36 @@ fn a_coordinator_added_later_is_learned_in_session_and_taken_over_to() {
     let rows = fleet.wait_final(b, &[set]);
     assert_eq!(rows[0]["state"], "finished", "{:#}", rows[0]);
     assert_each_executed_once(&effects, &["after".to_string()]);
+}
+
+/// A node that joins in the first moment of another coordinator's life, and whose own coordinator
+/// is SIGKILLed right after its session opened, is not stranded: its join file and its welcome
+/// name every coordinator the store says serves the fleet then (each records itself before it
+/// prints its address), so it moves, and a run through the new one finishes. No pause between
+/// the steps, 20 times in a row.
+#[test]
+fn a_node_joined_in_a_new_coordinators_first_moment_moves_to_it_when_its_own_dies() {
+    let pg = Rc::new(Postgres::start());
+    for round in 0..20 {
+        // The default heartbeat: a coordinator hears of the others once per heartbeat.
+        let mut fleet = Fleet::on(pg.clone(), &["--heartbeat", "5s", "--lease", "15s"]);
+        fleet.start_coordinator();
+        let b = fleet.start_coordinator();
+        let a = fleet.add_agent("m", 0);
+        assert_eq!(fleet.holder(a), 0, "round {round}: joined at the first");
+        fleet.coords[0].kill();
+        let (effects, program) = fleet.effect_program("true");
+        let arg = format!("round-{round}");
+        let set = fleet.run(b, "m", &program, &arg);
+        let rows = fleet.wait_final(b, &[set]);
+        let log = fleet.agents[a].log_text();
+        assert_eq!(
+            rows[0]["state"], "finished",
+            "round {round}: {:#}\n{log}",
+            rows[0]
+        );
+        assert_each_executed_once(&effects, &[arg]);
+    }
 }
 
 /// A run submitted through a coordinator that has just started, before the one holding the

@@ -306,6 +306,16 @@ impl Coordinator {
         }
     }
 
+    /// The members as the store says now, for a welcome: read once this call began, by it or by
+    /// a read begun after it began (sessions opening at once share one read).
+    pub(crate) async fn learn_fleet_fresh(&self) {
+        let asked = self.fleet().reads_begun();
+        let turn = self.fleet().read_turn_after(asked).await;
+        if let Some(_turn) = turn {
+            self.learn_fleet_now().await;
+        }
+    }
+
     /// Makes sure the blob store holds `digest`, copying it from another coordinator of the
     /// fleet when it does not (content imported through one coordinator, asked for through
     /// another). Err says why it is still missing.

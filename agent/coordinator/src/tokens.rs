@@ -71,7 +71,11 @@ impl Coordinator {
             spent_by: None,
             bootstrap_failure: None,
         };
-        // The fleet's other coordinators now (on a shared store), for the node to try in turn.
+        // The fleet's other coordinators (on a shared store) as the store says now, not as this
+        // one last heard: one started a moment ago is in the join file too.
+        if let Some(lease) = self.fleet().heard_within() {
+            self.learn_fleet(lease)?;
+        }
         let alternates = self.fleet().others_than(&address);
         let release_roots = self.store().release_roots()?;
         let tokens: Vec<String> = (0..count).map(|_| new_token()).collect();

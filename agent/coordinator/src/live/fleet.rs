@@ -2,7 +2,7 @@
 //! coordinator serving the same store now (this one included), as the store last said. Sessions
 //! watch the members and tell their node whenever the set changes.
 use std::sync::OnceLock;
-use tokio::sync::watch;
+use tokio::sync::{MutexGuard, watch};
 
 pub(crate) struct FleetView {
     address: OnceLock<String>,
@@ -11,6 +11,10 @@ pub(crate) struct FleetView {
     /// How many coordinators hold content imported through this one before `run` returns.
     content_copies: OnceLock<usize>,
     members: watch::Sender<Vec<String>>,
+    /// Reads of the members from the store begun, one at a time: a session opening while one
+    /// is under way waits for the next rather than adding its own.
+    reads: std::sync::atomic::AtomicU64,
+    read_turn: tokio::sync::Mutex<()>,
 }
 
 impl Default for FleetView {
@@ -20,6 +24,8 @@ impl Default for FleetView {
             heard_within: OnceLock::new(),
             content_copies: OnceLock::new(),
             members: watch::Sender::new(Vec::new()),
+            reads: Default::default(),
+            read_turn: Default::default(),
         }
     }
 }
@@ -61,6 +67,23 @@ impl FleetView {
         });
     }
 
+    /// Reads of the members begun so far.
+    pub(crate) fn reads_begun(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The turn to read the members, asked when `asked` reads had begun; None when a read begun
+    /// since has ended meanwhile (reads take turns), whose members are as fresh as asked.
+    pub(crate) async fn read_turn_after(&self, asked: u64) -> Option<MutexGuard<'_, ()>> {
+        let turn = self.read_turn.lock().await;
+        if self.reads_begun() > asked {
+            return None;
+        }
+        // Only while holding the turn: a count an asker read is never taken back.
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Some(turn)
+    }
+
     pub(crate) fn members(&self) -> Vec<String> {
         self.members.borrow().clone()
     }
@@ -100,6 +123,23 @@ impl FleetView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_read_begun_after_the_ask_serves_it_and_one_begun_before_does_not() {
+        let fleet = FleetView::default();
+        let asked = fleet.reads_begun();
+        let turn = fleet.read_turn_after(asked).await;
+        assert!(turn.is_some(), "no read since: this asker reads");
+        // One who asked at the same moment waits for that read, which began after it asked.
+        let waiting = fleet.read_turn_after(asked);
+        drop(turn);
+        assert!(waiting.await.is_none(), "served by the read begun since");
+        let now = fleet.reads_begun();
+        assert!(
+            fleet.read_turn_after(now).await.is_some(),
+            "no read since now"
+        );
+    }
 
     #[test]
     fn the_first_member_sweeps_and_the_rest_are_peers() {

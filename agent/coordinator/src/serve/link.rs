@@ -111,7 +111,9 @@ pub(super) async fn session(
             "opening a session was answered with {opened:?}"
         ))));
     };
-    // Watched from before the welcome names them, so no change in between goes untold.
+    // As the store says now (one started a moment ago is named too), and watched from before
+    // the welcome names them, so no change in between goes untold.
+    coordinator.learn_fleet_fresh().await;
     let mut members = coordinator.fleet().watch();
     let welcome = Down::Welcome {
         generation,

@@ -108,6 +108,19 @@ async fn lease_through_restart(
     Ok(nodes)
 }
 
+/// Records in the store that this coordinator serves the fleet at `config.advertise`, before
+/// it takes connections: a join file or a welcome minted anywhere from then on names it.
+/// [`serve`] does it first when it was not done.
+pub async fn announce(coordinator: &Arc<Coordinator>, config: &ServeConfig) -> std::io::Result<()> {
+    coordinator
+        .fleet()
+        .serve_at(&config.advertise, config.lease);
+    let (joined, lease) = (coordinator.clone(), config.lease);
+    off_thread(move || background::join_fleet(&joined, lease))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
 /// Serves until `shutdown` resolves, then drains.
 pub async fn serve(
     coordinator: Arc<Coordinator>,
@@ -121,16 +134,12 @@ pub async fn serve(
         pin::server_config(coordinator.key(), cert).map_err(std::io::Error::other)?,
     );
     let config = Arc::new(config);
+    if coordinator.fleet().address().is_none() {
+        announce(&coordinator, &config).await?;
+    }
     coordinator.credentials().open(config.waiting_timeout);
-    coordinator
-        .fleet()
-        .serve_at(&config.advertise, config.lease);
     coordinator.fleet().hold_copies(config.content_copies);
     coordinator.fetch_window().open(config.fetch_window);
-    let (joined, lease) = (coordinator.clone(), config.lease);
-    off_thread(move || background::join_fleet(&joined, lease))
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let background = background::start(&coordinator, &config);
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut connections = Connections::new(config.max_connections, coordinator.recorder().clone());

@@ -68,6 +68,7 @@ pub fn serve_coordinator(place: &Place, args: ServeArgs) -> Result<()> {
             };
             tokio::spawn(metrics::serve_metrics(coordinator.clone(), metrics, stopped));
         }
+        serve::announce(&coordinator, &config).await?;
         println!("listening on {local}");
         let served = serve::serve(coordinator.clone(), listener, config, binary::stop_signal()).await;
         drop(stop_metrics);
