@@ -5,7 +5,9 @@
 //! time for all to join, the coordinators' memory per live node, their CPU per heartbeat at a
 //! steady 5 s heartbeat, the database's commits a second, one run dispatched to every node with
 //! every result back (and the memory meanwhile), and with K > 1 the time for a SIGKILLed
-//! coordinator's nodes to be back in session elsewhere.
+//! coordinator's nodes to be back in session elsewhere. With `--baseline REV` the same fleet
+//! runs again on REV's coordinator and load generator (`super::baseline`), side by side.
+use super::baseline::Table;
 use super::postgres::Cluster;
 use crate::cross;
 use crate::fleet::{self, Coordinator, Proc};
@@ -13,7 +15,7 @@ use crate::util::{proc_status_kib, record_benchmark};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -36,26 +38,36 @@ pub(super) struct Bench {
     counters: Vec<mpsc::Receiver<Value>>,
     pub(super) pids: Vec<u32>,
     cluster: Option<Cluster>,
-    pub(super) work: std::path::PathBuf,
+    pub(super) work: PathBuf,
     /// The coordinators' RSS before any node joined.
     empty_kib: u64,
     /// Until every node was in session.
     join_s: f64,
     /// What each coordinator serves with, to start it again the same way.
     serve_flags: Vec<String>,
-    release: std::path::PathBuf,
+    release: PathBuf,
+}
+
+/// What the bench runs: the coordinator and the load generator.
+const PACKAGES: &[&str] = &["fleet-coordinator", "fleet-loadgen"];
+
+/// This tree's [`PACKAGES`], built static; returns their folder.
+pub(super) fn release() -> Result<PathBuf> {
+    cross::build_static(TARGET, PACKAGES)?;
+    Ok(cross::target_dir().join(TARGET).join("release"))
 }
 
 impl Bench {
+    /// Starts the fleet with the binaries of the folder `release`.
     pub(super) fn start(
+        release: &Path,
         nodes: usize,
         k: usize,
         store: StoreKind,
         metrics: bool,
         loadgen_flags: &[&str],
     ) -> Result<Bench> {
-        cross::build_static(TARGET, &["fleet-coordinator", "fleet-loadgen"])?;
-        let release = cross::target_dir().join(TARGET).join("release");
+        let release = release.to_path_buf();
         let work = fleet::fresh_dir("bench-fleet")?;
         let cluster = match store {
             StoreKind::Postgres => Some(Cluster::start(&work.join("pg"), 100 + 20 * k)?),
@@ -216,12 +228,66 @@ impl Bench {
     }
 }
 
-pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -> Result<()> {
+/// `bench fleet`: with `baseline`, the same fleet again on the binaries of that commit (its
+/// coordinator with its own load generator: they speak its protocol), right after this tree's.
+pub fn run(
+    nodes: usize,
+    coordinators: usize,
+    store: StoreKind,
+    metrics: bool,
+    baseline: Option<&str>,
+) -> Result<()> {
     if coordinators > 1 && store == StoreKind::Redb {
         bail!("several coordinators share a fleet only on PostgreSQL: pass --store postgres");
     }
     let k = coordinators.max(1);
-    let mut bench = Bench::start(nodes, k, store, metrics, &[])?;
+    let sides = super::baseline::sides(release()?, baseline, Some(TARGET), PACKAGES)?;
+    let mut columns = Vec::new();
+    for (name, release) in sides {
+        columns.push((name, measure(&release, nodes, k, store, metrics)?));
+    }
+    if columns.len() == 1 {
+        // Alone, as before: the one column is the value.
+        columns[0].0 = "value".to_string();
+    }
+    let markdown = report(nodes, k, store, metrics, baseline, &columns);
+    println!("{markdown}");
+    record_benchmark(
+        &format!(
+            "fleet-{store_arg}-{k}-{nodes}{off}",
+            store_arg = format!("{store:?}").to_lowercase(),
+            off = if metrics { "" } else { "-no-metrics" },
+        ),
+        &markdown,
+    )
+}
+
+/// What one fleet of [`run`] measured.
+struct Figures {
+    join_s: f64,
+    /// The coordinators' RSS with no node, with every node idle, and at most while dispatching.
+    empty_kib: u64,
+    idle_kib: u64,
+    peak_kib: u64,
+    cpu_us_per_beat: f64,
+    beats: u64,
+    core_share: f64,
+    commits_per_s: Option<f64>,
+    diagnostics: Option<Diagnostics>,
+    dispatch_s: f64,
+    fetched: u64,
+    fetch_failures: u64,
+    failover: Option<String>,
+}
+
+fn measure(
+    release: &Path,
+    nodes: usize,
+    k: usize,
+    store: StoreKind,
+    metrics: bool,
+) -> Result<Figures> {
+    let mut bench = Bench::start(release, nodes, k, store, metrics, &[])?;
     let (empty_kib, join_s) = (bench.empty_kib, bench.join_s);
     let all = nodes as u64;
     let count = |c: &Value, name: &str| c[name].as_u64().unwrap_or(0);
@@ -290,39 +356,54 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
         None
     };
     bench.stop();
+    Ok(Figures {
+        join_s,
+        empty_kib,
+        idle_kib,
+        peak_kib,
+        cpu_us_per_beat,
+        beats,
+        core_share,
+        commits_per_s,
+        diagnostics,
+        dispatch_s,
+        fetched,
+        fetch_failures,
+        failover,
+    })
+}
 
-    let per_node = (idle_kib.saturating_sub(empty_kib)) as f64 / nodes as f64;
+fn report(
+    nodes: usize,
+    k: usize,
+    store: StoreKind,
+    metrics: bool,
+    baseline: Option<&str>,
+    columns: &[(String, Figures)],
+) -> String {
     let store_name = match store {
         StoreKind::Redb => "embedded redb store",
         StoreKind::Postgres => {
             "one PostgreSQL 15 (Debian's, default settings but `max_pred_locks_per_transaction = 4096` as `serve` advises, fsync on)"
         }
     };
-    let mut markdown = format!(
+    let hb = HEARTBEAT.as_secs();
+    let markdown = format!(
         "## fleet: {k} coordinator(s), {store:?}, {nodes} nodes{title_off}\n\n\
-         `cargo xtask bench fleet --nodes {nodes} --coordinators {k} --store {store_arg}{off_flag}`: {k} \
+         `cargo xtask bench fleet --nodes {nodes} --coordinators {k} --store {store_arg}{off_flag}{baseline_flag}`: {k} \
          `fleet-coordinator serve` (static `{TARGET}` release, {store_name}, heartbeat {hb} s, {listener}) and \
          {nodes} simulated nodes from `fleet-loadgen` ({k} process(es), one per coordinator) on \
          loopback, each with its own Ed25519 key, the pinned TLS join, a session with facts and \
          heartbeats, a fetch of each program on the agent's own content path (pinned TLS, hashed \
          as it lands, once per node), and answers to starts (reported `running` and `finished` \
          without running anything). One run of each figure, on one machine of 2 cores shared by \
-         every process.\n\n\
-         | figure | value | target (issue 14) |\n\
-         |---|---|---|\n\
-         | all {nodes} nodes joined and in session | {join_s:.1} s | |\n\
-         | coordinators' RSS, no node / {nodes} idle nodes | {empty:.1} MiB / {idle:.1} MiB | |\n\
-         | coordinator RSS per live node | {per_node:.1} KiB | <= 32 KiB |\n\
-         | coordinator CPU per heartbeat (over {steady} s, {beats} heartbeats) | {cpu_us_per_beat:.0} µs | <= 50 µs |\n\
-         | coordinators' CPU at a steady {hb} s heartbeat | {core_share:.0}% of one core | |\n\
-         | one run to each node, dispatched, its program fetched ({fetched} fetches, {fetch_failures} failed) and every result back | {dispatch_s:.1} s | < 30 s for 10 000 (redb), < 60 s (PostgreSQL), no fetch failing |\n\
-         | coordinators' peak RSS while dispatching / idle | {peak:.1} MiB ({ratio:.2}x) | <= 2x |\n",
+         every process{sides}.\n\n",
         store_arg = match store {
             StoreKind::Redb => "redb",
             StoreKind::Postgres => "postgres",
         },
-        hb = HEARTBEAT.as_secs(),
         off_flag = if metrics { "" } else { " --no-metrics" },
+        baseline_flag = baseline.map_or(String::new(), |r| format!(" --baseline {r}")),
         title_off = if metrics {
             ""
         } else {
@@ -333,39 +414,97 @@ pub fn run(nodes: usize, coordinators: usize, store: StoreKind, metrics: bool) -
         } else {
             "metrics listener off"
         },
-        empty = empty_kib as f64 / 1024.0,
-        idle = idle_kib as f64 / 1024.0,
-        steady = STEADY.as_secs(),
-        peak = peak_kib as f64 / 1024.0,
-        ratio = peak_kib as f64 / idle_kib.max(1) as f64,
+        sides = if baseline.is_some() {
+            "; this tree's fleet first, then the baseline's (its coordinator with its own \
+             `fleet-loadgen`), one right after the other"
+        } else {
+            ""
+        },
     );
-    if let Some(d) = diagnostics {
-        markdown.push_str(&format!(
-            "| the first scrape of `/metrics` with every session held (from the census when this coordinator sweeps, else from the store; on loopback, request to last byte) | {:.1} ms | |\n\
-             | a scrape of `/metrics` with every session held, once scrapes come (median of {REQUESTS}, the same way) | {:.1} ms | < 50 ms |\n\
-             | the first page of `/nodes` rendered with every session held (median of {REQUESTS}, the same way) | {:.1} ms | < 200 ms |\n",
-            d.cold_scrape_ms, d.scrape_ms, d.page_ms
-        ));
-    }
-    if let Some(rate) = commits_per_s {
-        markdown.push_str(&format!(
-            "| database commits a second per coordinator at the steady heartbeat (every transaction, reads included) | {rate:.1} | <= 10 |\n"
-        ));
-    }
-    if let Some(back) = failover {
-        markdown.push_str(&format!(
-            "| one coordinator SIGKILLed: its nodes back in session at the others | {back} | within 2 heartbeats of their backoff |\n"
-        ));
-    }
-    println!("{markdown}");
-    record_benchmark(
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let mut table = Table::new(columns, "figure", "target (issue 14)");
+    table.row(
+        &format!("all {nodes} nodes joined and in session"),
+        |f| format!("{:.1} s", f.join_s),
+        "",
+    );
+    table.row(
+        &format!("coordinators' RSS, no node / {nodes} idle nodes"),
+        |f| format!("{:.1} MiB / {:.1} MiB", mib(f.empty_kib), mib(f.idle_kib)),
+        "",
+    );
+    table.row(
+        "coordinator RSS per live node",
+        |f| {
+            let per_node = f.idle_kib.saturating_sub(f.empty_kib) as f64 / nodes as f64;
+            format!("{per_node:.1} KiB")
+        },
+        "<= 32 KiB",
+    );
+    table.row(
         &format!(
-            "fleet-{store_arg}-{k}-{nodes}{off}",
-            store_arg = format!("{store:?}").to_lowercase(),
-            off = if metrics { "" } else { "-no-metrics" },
+            "coordinator CPU per heartbeat (over {} s)",
+            STEADY.as_secs()
         ),
-        &markdown,
-    )
+        |f| format!("{:.0} µs ({} heartbeats)", f.cpu_us_per_beat, f.beats),
+        "<= 50 µs",
+    );
+    table.row(
+        &format!("coordinators' CPU at a steady {hb} s heartbeat"),
+        |f| format!("{:.0}% of one core", f.core_share),
+        "",
+    );
+    table.row(
+        "one run to each node, dispatched, its program fetched (fetches, failed) and every result back",
+        |f| format!("{:.1} s ({} fetches, {} failed)", f.dispatch_s, f.fetched, f.fetch_failures),
+        "< 30 s for 10 000 (redb), < 60 s (PostgreSQL), no fetch failing",
+    );
+    table.row(
+        "coordinators' peak RSS while dispatching / idle",
+        |f| {
+            let ratio = f.peak_kib as f64 / f.idle_kib.max(1) as f64;
+            format!("{:.1} MiB ({ratio:.2}x)", mib(f.peak_kib))
+        },
+        "<= 2x",
+    );
+    let first = &columns[0].1;
+    if first.diagnostics.is_some() {
+        let ms = |f: &Figures, pick: fn(&Diagnostics) -> f64| {
+            f.diagnostics
+                .as_ref()
+                .map_or(String::new(), |d| format!("{:.1} ms", pick(d)))
+        };
+        table.row(
+            "the first scrape of `/metrics` with every session held (from the census when this coordinator sweeps, else from the store; on loopback, request to last byte)",
+            |f| ms(f, |d| d.cold_scrape_ms),
+            "",
+        );
+        table.row(
+            &format!("a scrape of `/metrics` with every session held, once scrapes come (median of {REQUESTS}, the same way)"),
+            |f| ms(f, |d| d.scrape_ms),
+            "< 50 ms",
+        );
+        table.row(
+            &format!("the first page of `/nodes` rendered with every session held (median of {REQUESTS}, the same way)"),
+            |f| ms(f, |d| d.page_ms),
+            "< 200 ms",
+        );
+    }
+    if first.commits_per_s.is_some() {
+        table.row(
+            "database commits a second per coordinator at the steady heartbeat (every transaction, reads included)",
+            |f| f.commits_per_s.map_or(String::new(), |r| format!("{r:.1}")),
+            "<= 10",
+        );
+    }
+    if first.failover.is_some() {
+        table.row(
+            "one coordinator SIGKILLed: its nodes back in session at the others",
+            |f| f.failover.clone().unwrap_or_default(),
+            "within 2 heartbeats of their backoff",
+        );
+    }
+    markdown + &table.markdown
 }
 
 /// The TCP connections established to the listener at `addr` (`host:port`): its sessions,
@@ -401,7 +540,7 @@ pub fn rolling_restart(nodes: usize, coordinators: usize) -> Result<()> {
         bail!("a rolling restart needs two coordinators or more: pass --coordinators 3");
     }
     let k = coordinators;
-    let mut bench = Bench::start(nodes, k, StoreKind::Postgres, false, &[])?;
+    let mut bench = Bench::start(&release()?, nodes, k, StoreKind::Postgres, false, &[])?;
     std::thread::sleep(HEARTBEAT * 2);
     let idle: Vec<u64> = (bench.pids.iter())
         .map(|&pid| proc_status_kib(pid, "VmRSS"))
@@ -557,7 +696,7 @@ pub fn queue(nodes: usize, store: StoreKind) -> Result<()> {
     let capacity = QUEUE_CAPACITY.to_string();
     let run_ms = QUEUED_RUN_MS.to_string();
     let flags = ["--capacity", &capacity, "--run-ms", &run_ms];
-    let bench = Bench::start(nodes, 1, store, false, &flags)?;
+    let bench = Bench::start(&release()?, nodes, 1, store, false, &flags)?;
     std::thread::sleep(HEARTBEAT * 2);
     let idle_kib = bench.rss_kib()?;
     let runs = (nodes * QUEUED_PER_NODE) as u64;

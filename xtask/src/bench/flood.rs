@@ -7,8 +7,8 @@
 //! the attempts ended, the held sessions' heartbeat gaps as the coordinator heard them (its
 //! `fleet_heartbeat_interval_seconds` histogram, before and after), a /healthz request's time
 //! meanwhile, and the good agent's start to `Joined` and to its session. With `--baseline REV`
-//! the same flood runs against the coordinator built from REV (another checkout, its own target
-//! folder), side by side.
+//! the same flood runs against the coordinator built from REV (`super::baseline`), side by side.
+use super::baseline::Table;
 use super::fleet::{get, metrics_addr, request_ms};
 use crate::fleet::{self, Coordinator, Proc};
 use crate::util::{self, proc_status_kib, record_benchmark};
@@ -16,7 +16,7 @@ use crate::{cross, util::median};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -59,9 +59,10 @@ pub fn run(rate: u32, sources: u32, seconds: u64, baseline: Option<&str>) -> Res
         )?,
     )];
     if let Some(rev) = baseline {
-        let (commit, bin) = build_baseline(rev)?;
-        let figures = scenario(&bin, &release, &work.join("baseline"), &flood)?;
-        columns.push((format!("`{commit}` ({rev})"), figures));
+        let baseline = super::baseline::build(rev, None, &["fleet-coordinator"])?;
+        let coordinator = baseline.bin("fleet-coordinator");
+        let figures = scenario(&coordinator, &release, &work.join("baseline"), &flood)?;
+        columns.push((baseline.label(), figures));
     }
     let markdown = report(&flood, baseline, &columns);
     println!("{markdown}");
@@ -77,39 +78,6 @@ struct FloodArgs {
     rate: u32,
     sources: u32,
     seconds: u64,
-}
-
-/// The coordinator of `rev`, built in a checkout of its own (`git archive`) with a target
-/// folder of its own, under `target/bench-flood-baseline`; returns the commit and the binary.
-fn build_baseline(rev: &str) -> Result<(String, PathBuf)> {
-    let out = Command::new("git")
-        .args(["rev-parse", "--short=12", &format!("{rev}^{{commit}}")])
-        .current_dir(util::root())
-        .output()?;
-    if !out.status.success() {
-        bail!("`{rev}` names no commit of this checkout");
-    }
-    let commit = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let dir = cross::target_dir().join("bench-flood-baseline");
-    let src = dir.join("src");
-    let marker = src.join(".bench-flood-commit");
-    // Extracted once per commit: a fresh copy would rebuild everything.
-    if std::fs::read_to_string(&marker).ok().as_deref() != Some(commit.as_str()) {
-        let _ = std::fs::remove_dir_all(&src);
-        std::fs::create_dir_all(&src)?;
-        util::run(Command::new("sh").arg("-c").arg(format!(
-            "git archive {commit} | tar -x -C '{}'",
-            src.display()
-        )))?;
-        std::fs::write(&marker, &commit)?;
-    }
-    util::run(
-        Command::new("cargo")
-            .args(["build", "--quiet", "--release", "-p", "fleet-coordinator"])
-            .env("CARGO_TARGET_DIR", dir.join("target"))
-            .current_dir(&src),
-    )?;
-    Ok((commit, dir.join("target/release/fleet-coordinator")))
 }
 
 /// What one run of the flood measured.
@@ -487,7 +455,7 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         seconds,
     } = flood;
     let baseline_flag = baseline.map_or(String::new(), |r| format!(" --baseline {r}"));
-    let mut markdown = format!(
+    let markdown = format!(
         "## flood: {rate} joins a second with wrong tokens from {sources} addresses\n\n\
          `cargo xtask bench flood --rate {rate} --sources {sources} --seconds {seconds}{baseline_flag}`: \
          `fleet-coordinator serve` (release build, glibc, embedded redb store, heartbeat {HEARTBEAT}, lease 10 s) \
@@ -504,28 +472,11 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
          tracking (nf_conntrack) to be at most a quarter full before it starts; its flood connections \
          end with a reset, so each leaves a tracking entry for 10 s, not the 2 minutes of TIME_WAIT.\n\n"
     );
-    markdown.push_str("| figure |");
-    for (name, _) in columns {
-        markdown.push_str(&format!(" {name} |"));
-    }
-    markdown.push_str(" target (issue 26) |\n|---|");
-    for _ in columns {
-        markdown.push_str("---|");
-    }
-    markdown.push_str("---|\n");
-    let row =
-        |markdown: &mut String, figure: &str, cell: &dyn Fn(&Figures) -> String, target: &str| {
-            markdown.push_str(&format!("| {figure} |"));
-            for (_, f) in columns {
-                markdown.push_str(&format!(" {} |", cell(f)));
-            }
-            markdown.push_str(&format!(" {target} |\n"));
-        };
+    let mut table = Table::new(columns, "figure", "target (issue 26)");
     let n = |f: &Figures, k: &str| f.counts[k].as_u64().unwrap_or(0);
-    row(
-        &mut markdown,
+    table.row(
         "coordinator CPU, idle / during the flood",
-        &|f| {
+        |f| {
             format!(
                 "{:.3} / {:.2} cores ({:.0}% of one)",
                 f.idle_cores,
@@ -535,10 +486,9 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         },
         "under one core",
     );
-    row(
-        &mut markdown,
+    table.row(
         "connections made (over the flood's window) / due but not made (4 096 already open)",
-        &|f| {
+        |f| {
             format!(
                 "{} ({:.0}/s over {:.1} s) / {}",
                 n(f, "attempts"),
@@ -549,10 +499,9 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         },
         "",
     );
-    row(
-        &mut markdown,
+    table.row(
         "refused at accept / closed after the join / joined / errors (of them, connects)",
-        &|f| {
+        |f| {
             format!(
                 "{} / {} / {} / {} ({})",
                 n(f, "refused_at_accept"),
@@ -564,34 +513,29 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         },
         "no join",
     );
-    row(
-        &mut markdown,
+    table.row(
         "failed joins the coordinator served (its log) / its refusing lines",
-        &|f| format!("{} / {}", f.served_failed_joins, f.refusing_lines),
+        |f| format!("{} / {}", f.served_failed_joins, f.refusing_lines),
         &format!("<= 10 + 1/s a source: {}", *sources as u64 * (10 + seconds)),
     );
-    row(
-        &mut markdown,
+    table.row(
         "held sessions' heartbeat gaps, idle 10 s",
-        &|f| f.idle_gaps.cell(),
+        |f| f.idle_gaps.cell(),
         "",
     );
-    row(
-        &mut markdown,
+    table.row(
         "held sessions' heartbeat gaps, during the flood",
-        &|f| f.flood_gaps.cell(),
+        |f| f.flood_gaps.cell(),
         "none late by more than one interval",
     );
-    row(
-        &mut markdown,
+    table.row(
         "held sessions at the end / opened again during the flood / the real agent's sessions lost",
-        &|f| format!("{} / {} / {}", f.held_live, f.held_opened, f.agent_lost),
+        |f| format!("{} / {} / {}", f.held_live, f.held_opened, f.agent_lost),
         &format!("{SESSIONS} / 0 / 0"),
     );
-    row(
-        &mut markdown,
+    table.row(
         "a good token's agent, idle: start to `Joined` (its own count) / to its session open",
-        &|f| {
+        |f| {
             format!(
                 "{:.0} ms ({} ms) / {:.0} ms",
                 f.idle_join.joined_ms, f.idle_join.agent_ms, f.idle_join.session_ms
@@ -599,10 +543,9 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         },
         "",
     );
-    row(
-        &mut markdown,
+    table.row(
         "a good token's agent, during the flood: start to `Joined` (its own count) / to its session open",
-        &|f| {
+        |f| {
             format!(
                 "{:.0} ms ({} ms) / {:.0} ms",
                 f.flood_join.joined_ms, f.flood_join.agent_ms, f.flood_join.session_ms
@@ -610,10 +553,9 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         },
         "under 1 s",
     );
-    row(
-        &mut markdown,
+    table.row(
         "GET /healthz every 200 ms during the flood: median / p99 / max (asked at)",
-        &|f| {
+        |f| {
             let times: Vec<f64> = f.healthz_ms.iter().map(|(_, ms)| *ms).collect();
             let (at, max) = (f.healthz_ms.iter().copied())
                 .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -626,16 +568,14 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         },
         "",
     );
-    row(
-        &mut markdown,
+    table.row(
         "connections dropped by the kernel, the listen queue full (`ListenOverflows`, the whole machine)",
-        &|f| f.overflows.to_string(),
+        |f| f.overflows.to_string(),
         "",
     );
-    row(
-        &mut markdown,
+    table.row(
         "the host's connection tracking: entries at the start / at the end (of at most) / packets dropped, its table full",
-        &|f| match (f.conntrack, f.conntrack_dropped) {
+        |f| match (f.conntrack, f.conntrack_dropped) {
             (Some((start, max, end)), dropped) => format!(
                 "{start} / {end} (of {max}) / {}",
                 dropped.map_or("?".into(), |d| d.to_string())
@@ -644,19 +584,17 @@ fn report(flood: &FloodArgs, baseline: Option<&str>, columns: &[(String, Figures
         },
         "0 dropped",
     );
-    row(
-        &mut markdown,
+    table.row(
         "the flood process's own CPU",
-        &|f| format!("{:.2} cores", f.flooder_cores),
+        |f| format!("{:.2} cores", f.flooder_cores),
         "",
     );
-    row(
-        &mut markdown,
+    table.row(
         "coordinator peak RSS",
-        &|f| format!("{:.1} MiB", f.peak_rss_mib),
+        |f| format!("{:.1} MiB", f.peak_rss_mib),
         "",
     );
-    markdown
+    markdown + &table.markdown
 }
 
 /// The host's connection tracking table now: (entries, at most), when it has one.

@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: each benchmark runs our tool and its peer in one run and records medians.
 mod agent;
+mod baseline;
 mod build;
 pub(crate) mod container;
 mod content;
@@ -18,7 +19,11 @@ pub enum Which {
     /// `oci build` against `umoci insert` and `tar --sort=name | sha256sum`
     Build,
     /// `oci push`/`oci copy` against `skopeo copy` and parallel curl PUTs
-    Registry,
+    Registry {
+        /// Run the same pushes and copies with the `oci` built from this commit too, side by side
+        #[arg(long)]
+        baseline: Option<String>,
+    },
     /// `fleet-run-supervisor start`+`wait` against `/bin/true` and `timeout 10 /bin/true`
     Supervisor,
     /// The agent's idle memory, time to Joined, binary size and run throughput
@@ -48,9 +53,17 @@ pub enum Which {
         /// (needs --store postgres and --coordinators 2 or more)
         #[arg(long, conflicts_with_all = ["queue", "no_metrics"])]
         rolling_restart: bool,
+        /// Run the same fleet on the binaries built from this commit too (its coordinator and
+        /// its load generator), side by side
+        #[arg(long, conflicts_with_all = ["queue", "rolling_restart"])]
+        baseline: Option<String>,
     },
     /// 1 GiB staged onto a node and collected back, against curl over HTTPS on loopback
-    Content,
+    Content {
+        /// Stage, collect and import with the binaries built from this commit too, side by side
+        #[arg(long)]
+        baseline: Option<String>,
+    },
     /// A release rolled out to N simulated nodes through the real protocol (each fetches the
     /// binaries and reports the swap without exec'ing): time to all on it, CPU, memory, bytes
     Rollout {
@@ -79,7 +92,7 @@ pub enum Which {
 pub fn run(which: Which) -> Result<()> {
     match which {
         Which::Build => build::run(),
-        Which::Registry => registry::run(),
+        Which::Registry { baseline } => registry::run(baseline.as_deref()),
         Which::Supervisor => supervisor::run(),
         Which::Agent => agent::run(),
         Which::Container => container::run(),
@@ -90,15 +103,16 @@ pub fn run(which: Which) -> Result<()> {
             no_metrics,
             queue,
             rolling_restart,
+            baseline,
         } => match (queue, rolling_restart) {
             (true, _) => fleet::queue(nodes, store),
             (_, true) if store != fleet::StoreKind::Postgres => {
                 anyhow::bail!("a rolling restart shares one store: pass --store postgres")
             }
             (_, true) => fleet::rolling_restart(nodes, coordinators),
-            _ => fleet::run(nodes, coordinators, store, !no_metrics),
+            _ => fleet::run(nodes, coordinators, store, !no_metrics, baseline.as_deref()),
         },
-        Which::Content => content::run(),
+        Which::Content { baseline } => content::run(baseline.as_deref()),
         Which::Rollout { nodes } => rollout::run(nodes),
         Which::Flood {
             rate,

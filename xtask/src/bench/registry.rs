@@ -3,7 +3,10 @@
 //! Two real `docker-registry` processes on loopback. Every run gets a fresh target repository and
 //! skopeo's blob-info cache is removed first, so neither tool can mount or skip what it should send.
 //! The floor is the same blobs sent with curl as parallel monolithic PUTs, with no client hashing.
-use crate::util::{self, Measured, measure, median, record_benchmark, root};
+//! With `--baseline REV` the `oci` built from REV (`super::baseline`) runs after this tree's, each
+//! time.
+use crate::cross;
+use crate::util::{self, Measured, measure, median, record_benchmark};
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -92,25 +95,42 @@ impl Drop for Registry {
     }
 }
 
-pub fn run() -> Result<()> {
+pub fn run(baseline: Option<&str>) -> Result<()> {
     for tool in ["docker-registry", "skopeo", "curl"] {
         if !util::have(tool) {
             bail!("{tool} is missing: run cargo xtask ci once to install the benchmark's peers");
         }
     }
     util::run(Command::new("cargo").args(["build", "--release", "-p", "oci"]))?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"));
-    let oci = target.join("release/oci");
+    let sides = super::baseline::sides(
+        cross::target_dir().join("release"),
+        baseline,
+        None,
+        &["oci"],
+    )?;
+    let tools: Vec<(String, PathBuf)> = (sides.into_iter())
+        .map(|(name, release)| (name, release.join("oci")))
+        .collect();
     let work = std::env::temp_dir().join(format!("oci-bench-registry-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let result = bench(&oci, &work);
+    let result = bench(&tools, &work, baseline);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
 
-fn bench(oci: &Path, work: &Path) -> Result<()> {
+/// A side's repository: this tree's named as before, the baseline's with `base-` before it.
+fn repo(side: usize, name: &str) -> String {
+    match side {
+        0 => name.to_string(),
+        _ => format!("base-{name}"),
+    }
+}
+
+/// `tools`: this tree's `oci` first (it builds the layouts and pushes the copies' sources),
+/// then the baseline's; each side's runs come right after this tree's, run by run.
+fn bench(tools: &[(String, PathBuf)], work: &Path, baseline: Option<&str>) -> Result<()> {
+    let oci = &tools[0].1;
+    let name = |row: &str, side: usize| super::baseline::row_name(row, &tools[side].0, tools.len());
     eprintln!(
         "making a layout of {LAYERS} x {LAYER_MIB} MiB incompressible layers and one of a {BIG_MIB} MiB layer"
     );
@@ -136,7 +156,7 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
     let b = Registry::start(work, "b")?;
     let src = format!("oci:{}:{image}", layout.display());
 
-    let (mut t_oci, mut t_skopeo, mut t_curl) = (vec![], vec![], vec![]);
+    let (mut t_oci, mut t_skopeo, mut t_curl) = (vec![vec![]; tools.len()], vec![], vec![]);
     for n in 0..RUNS {
         t_curl.push(
             measure(Command::new("sh").arg(curl_script(
@@ -157,17 +177,21 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
             ]))?
             .seconds,
         );
-        t_oci.push(
-            measure(quiet(Command::new(oci).args([
-                "push",
-                &src,
-                &a.image(&format!("oci-{n}:1")),
-                "--plain-http",
-            ])))?
-            .seconds,
-        );
+        for (side, (_, oci)) in tools.iter().enumerate() {
+            t_oci[side].push(
+                measure(quiet(Command::new(oci).args([
+                    "push",
+                    &src,
+                    &a.image(&format!("{}:1", repo(side, &format!("oci-{n}")))),
+                    "--plain-http",
+                ])))?
+                .seconds,
+            );
+        }
     }
-    let (mut c_oci, mut c_skopeo, mut c_curl) = (vec![], vec![], vec![]);
+    // Every side copies the same source: this tree's first push.
+    let from = a.image("oci-0:1");
+    let (mut c_oci, mut c_skopeo, mut c_curl) = (vec![vec![]; tools.len()], vec![], vec![]);
     for n in 0..RUNS {
         let script = curl_script(
             work,
@@ -178,7 +202,6 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
         )?;
         c_curl.push(measure(Command::new("sh").arg(script))?.seconds);
         clear_skopeo_cache();
-        let from = a.image("oci-0:1");
         c_skopeo.push(
             measure(skopeo().args([
                 "--src-tls-verify=false",
@@ -188,35 +211,49 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
             ]))?
             .seconds,
         );
-        c_oci.push(
-            measure(quiet(Command::new(oci).args([
-                "copy",
-                &from,
-                &b.image(&format!("oci-{n}:1")),
-                "--plain-http",
-            ])))?
-            .seconds,
-        );
+        for (side, (_, oci)) in tools.iter().enumerate() {
+            c_oci[side].push(
+                measure(quiet(Command::new(oci).args([
+                    "copy",
+                    &from,
+                    &b.image(&format!("{}:1", repo(side, &format!("oci-{n}")))),
+                    "--plain-http",
+                ])))?
+                .seconds,
+            );
+        }
     }
     // Repeat copies into the first targets: what each sends the second time.
     clear_skopeo_cache();
-    let before_oci = b.uploaded("oci-0", &sizes)?;
-    let r_oci = measure(quiet(Command::new(oci).args([
-        "copy",
-        &a.image("oci-0:1"),
-        &b.image("oci-0:1"),
-        "--plain-http",
-    ])))?;
-    let after_oci = b.uploaded("oci-0", &sizes)?;
+    let mut repeat_rows = String::new();
+    for (side, (_, oci)) in tools.iter().enumerate() {
+        let before = b.uploaded(&repo(side, "oci-0"), &sizes)?;
+        let r = measure(quiet(Command::new(oci).args([
+            "copy",
+            &from,
+            &b.image(&format!("{}:1", repo(side, "oci-0"))),
+            "--plain-http",
+        ])))?;
+        let after = b.uploaded(&repo(side, "oci-0"), &sizes)?;
+        repeat_rows += &format!(
+            "| {} | {:.2} s | {} | {} |\n",
+            name("oci copy", side),
+            r.seconds,
+            after.0 - before.0,
+            after.1 - before.1
+        );
+    }
     let before_skopeo = b.uploaded("skopeo-0", &sizes)?;
     let r_skopeo = measure(skopeo().args([
         "--src-tls-verify=false",
         "--dest-tls-verify=false",
-        &a.image("oci-0:1"),
+        &from,
         &b.image("skopeo-0:1"),
     ]))?;
     let after_skopeo = b.uploaded("skopeo-0", &sizes)?;
-    let first_oci = b.uploaded("oci-1", &sizes)?;
+    let firsts = (0..tools.len())
+        .map(|side| b.uploaded(&repo(side, "oci-1"), &sizes))
+        .collect::<Result<Vec<_>>>()?;
 
     // Peak memory for one 2 GiB layer, registry to registry.
     util::run(Command::new(oci).args([
@@ -233,16 +270,25 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
         &a.image("big:1"),
         &b.image("big-skopeo:1"),
     ]))?;
-    let m_oci = measure(quiet(Command::new(oci).args([
-        "copy",
-        &a.image("big:1"),
-        &b.image("big-oci:1"),
-        "--plain-http",
-    ])))?;
-
-    let referrers = referrers_rows(oci, work, &a, &b, &a.image("oci-0:1"))?;
-
     let mib = |m: &Measured| m.max_rss_kib as f64 / 1024.0;
+    let mut big_rows = String::new();
+    for (side, (_, oci)) in tools.iter().enumerate() {
+        let m = measure(quiet(Command::new(oci).args([
+            "copy",
+            &a.image("big:1"),
+            &b.image(&format!("{}:1", repo(side, "big-oci"))),
+            "--plain-http",
+        ])))?;
+        big_rows += &format!(
+            "| {} | {:.2} s | {:.1} MiB |\n",
+            name("oci copy", side),
+            m.seconds,
+            mib(&m)
+        );
+    }
+
+    let referrers = referrers_rows(tools, work, &a, &b, &from)?;
+
     let floor = median(&t_curl);
     let gib = total as f64 / (1u64 << 30) as f64;
     let copy_floor = median(&c_curl);
@@ -254,38 +300,46 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
             t / copy_floor
         )
     };
+    let rows = |what: &str, times: &[Vec<f64>]| -> String {
+        (times.iter().enumerate())
+            .map(|(side, t)| row(&name(what, side), median(t)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let baseline_flag = baseline.map_or(String::new(), |r| format!(" --baseline {r}"));
+    let sides = match baseline {
+        Some(_) => " Each run of this tree's `oci` is followed by the same run of the baseline's.",
+        None => "",
+    };
     let md = format!(
         "## registry\n\n\
-         `cargo xtask bench registry`: {LAYERS} incompressible layers of {LAYER_MIB} MiB ({total} bytes with the config) built by \
+         `cargo xtask bench registry{baseline_flag}`: {LAYERS} incompressible layers of {LAYER_MIB} MiB ({total} bytes with the config) built by \
          `oci build --compression none`, pushed to and copied between two `docker-registry` (distribution 2.8) processes over \
          plain HTTP on loopback. Median of {RUNS} runs, each into a fresh repository, skopeo's blob-info cache removed before each \
          skopeo run, `skopeo copy --preserve-digests`. The floor is the same blobs sent by curl as parallel monolithic PUTs (POST \
          then `PUT --upload-file`), no client-side hashing. Registry to registry, the floor moves: the copy floor is the same \
-         blobs piped by curl from a GET on the source into the PUT, all at once. Ratios are to each floor.\n\n\
+         blobs piped by curl from a GET on the source into the PUT, all at once. Ratios are to each floor.{sides}\n\n\
          | push from a layout | median | throughput | / push floor | / copy floor |\n|---|---|---|---|---|\n{}\n{}\n{}\n\n\
          | copy registry to registry | median | throughput | / push floor | / copy floor |\n|---|---|---|---|---|\n{}\n{}\n{}\n\n\
          | repeat copy into the same target | time | blob uploads | blob bytes uploaded |\n|---|---|---|---|\n\
-         | oci copy | {:.2} s | {} | {} |\n| skopeo copy | {:.2} s | {} | {} |\n\n\
-         (The first oci copy into a fresh repository uploaded {} blobs, {} bytes.)\n\n\
+         {repeat_rows}| skopeo copy | {:.2} s | {} | {} |\n\n\
+         (The first oci copy into a fresh repository uploaded {}.)\n\n\
          | copy one {BIG_MIB} MiB layer, registry to registry | time | peak RSS |\n|---|---|---|\n\
-         | oci copy | {:.2} s | {:.1} MiB |\n| skopeo copy | {:.2} s | {:.1} MiB |\n\n\
+         {big_rows}| skopeo copy | {:.2} s | {:.1} MiB |\n\n\
          Peak RSS is the tool's own (wait4 ru_maxrss); the registries are separate processes.\n\n{referrers}",
         row("curl floor (parallel PUTs)", floor),
-        row("oci push", median(&t_oci)),
+        rows("oci push", &t_oci),
         row("skopeo copy", median(&t_skopeo)),
         row("curl copy floor (GET piped into PUT, parallel)", copy_floor),
-        row("oci copy", median(&c_oci)),
+        rows("oci copy", &c_oci),
         row("skopeo copy", median(&c_skopeo)),
-        r_oci.seconds,
-        after_oci.0 - before_oci.0,
-        after_oci.1 - before_oci.1,
         r_skopeo.seconds,
         after_skopeo.0 - before_skopeo.0,
         after_skopeo.1 - before_skopeo.1,
-        first_oci.0,
-        first_oci.1,
-        m_oci.seconds,
-        mib(&m_oci),
+        super::baseline::each(tools, |side| format!(
+            "{} blobs, {} bytes",
+            firsts[side].0, firsts[side].1
+        )),
         m_skopeo.seconds,
         mib(&m_skopeo),
     );
@@ -295,15 +349,16 @@ fn bench(oci: &Path, work: &Path) -> Result<()> {
 
 /// Copies of an image carrying ten referrers (`oci attach`, the fallback tag schema of
 /// distribution 2.8) against the same copies with `--no-referrers`: the 1 GiB image above, and a
-/// 1 MiB one, where the referrers' requests weigh most.
+/// 1 MiB one, where the referrers' requests weigh most; by each of `tools` in turn.
 fn referrers_rows(
-    oci: &Path,
+    tools: &[(String, PathBuf)],
     work: &Path,
     a: &Registry,
     b: &Registry,
     big: &str,
 ) -> Result<String> {
     const REFERRERS: usize = 10;
+    let oci = &tools[0].1;
     let small_layout = work.join("small");
     build_layer(oci, work, &small_layout, "small", 1, None)?;
     let small = a.image("small:1");
@@ -329,31 +384,38 @@ fn referrers_rows(
                 "--plain-http",
             ]))?;
         }
-        let (mut carried, mut left) = (vec![], vec![]);
+        let (mut carried, mut left) = (vec![vec![]; tools.len()], vec![vec![]; tools.len()]);
         let tag = what.split_whitespace().nth(1).unwrap_or("x").to_lowercase();
         for n in 0..RUNS {
-            left.push(
-                measure(quiet(Command::new(oci).args([
-                    "copy",
-                    image,
-                    &b.image(&format!("norefs-{tag}-{n}:1")),
-                    "--plain-http",
-                    "--no-referrers",
-                ])))?
-                .seconds,
-            );
-            carried.push(
-                measure(quiet(Command::new(oci).args([
-                    "copy",
-                    image,
-                    &b.image(&format!("refs-{tag}-{n}:1")),
-                    "--plain-http",
-                ])))?
-                .seconds,
-            );
+            for (side, (_, oci)) in tools.iter().enumerate() {
+                let to =
+                    |how: &str| b.image(&format!("{}:1", repo(side, &format!("{how}-{tag}-{n}"))));
+                left[side].push(
+                    measure(quiet(Command::new(oci).args([
+                        "copy",
+                        image,
+                        &to("norefs"),
+                        "--plain-http",
+                        "--no-referrers",
+                    ])))?
+                    .seconds,
+                );
+                carried[side].push(
+                    measure(quiet(Command::new(oci).args([
+                        "copy",
+                        image,
+                        &to("refs"),
+                        "--plain-http",
+                    ])))?
+                    .seconds,
+                );
+            }
         }
-        let (c, l) = (median(&carried), median(&left));
-        rows += &format!("| {what} | {c:.3} s | {l:.3} s | {:.2}x |\n", c / l);
+        for (side, (name, _)) in tools.iter().enumerate() {
+            let (c, l) = (median(&carried[side]), median(&left[side]));
+            let what = super::baseline::row_name(what, name, tools.len());
+            rows += &format!("| {what} | {c:.3} s | {l:.3} s | {:.2}x |\n", c / l);
+        }
     }
     Ok(format!(
         "| copy with {REFERRERS} referrers (fallback tag) | carried (default) | `--no-referrers` | ratio |\n|---|---|---|---|\n{rows}\n\

@@ -8,7 +8,7 @@
 //!
 //! No peer runs beside it: none of the updaters the issue names (Teleport's, Tailscale's,
 //! Bottlerocket's) can be driven against simulated nodes here, so the figures stand alone.
-use super::fleet::{Bench, HEARTBEAT, StoreKind, TARGET, cpu_seconds};
+use super::fleet::{Bench, HEARTBEAT, StoreKind, TARGET, cpu_seconds, release};
 use crate::util::record_benchmark;
 use anyhow::{Result, bail};
 use serde_json::Value;
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 const BINARY_BYTES: usize = 64 << 10;
 
 pub fn run(nodes: usize) -> Result<()> {
-    let bench = Bench::start(nodes, 1, StoreKind::Redb, false, &[])?;
+    let bench = Bench::start(&release()?, nodes, 1, StoreKind::Redb, false, &[])?;
     std::thread::sleep(HEARTBEAT * 2);
     let idle_kib = bench.rss_kib()?;
     let coord = &bench.coords[0];
