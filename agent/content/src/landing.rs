@@ -9,6 +9,7 @@ use crate::{Blobs, CHUNK, hash_prefix};
 use fleet_cli::blocking::off_thread;
 use fleet_vocab::{Digest, UploadId};
 use sha2::{Digest as _, Sha256};
+use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -155,49 +156,11 @@ impl Landing {
                 ),
             });
         }
-        let (pieces, mut inbox) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD);
-        // Pieces come back to be filled again: a fresh CHUNK each time cost a map, its pages'
-        // faults and an unmap per piece.
-        let (spent, mut spare) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD + 1);
-        let (file, mut hasher) = (self.file.clone(), std::mem::take(&mut self.hasher));
-        let writing = tokio::task::spawn_blocking(move || {
-            let mut out = DirectWriter::append(&file)?;
-            while let Some(piece) = inbox.blocking_recv() {
-                hasher.update(&piece);
-                out.write_all(&piece)?;
-                let _ = spent.try_send(piece);
-            }
-            out.finish()?;
-            Ok::<_, io::Error>(hasher)
-        });
-        let mut got = 0u64;
-        let mut cut = None;
-        while got < size - offset && cut.is_none() {
-            let mut piece = spare.try_recv().unwrap_or_default();
-            piece.resize(CHUNK.min((size - offset - got) as usize), 0);
-            let mut filled = 0;
-            while filled < piece.len() {
-                match from.read(&mut piece[filled..]).await {
-                    Ok(0) => {
-                        cut = Some("the peer closed the connection".to_string());
-                        break;
-                    }
-                    Ok(n) => filled += n,
-                    Err(e) => {
-                        cut = Some(e.to_string());
-                        break;
-                    }
-                }
-            }
-            piece.truncate(filled);
-            got += filled as u64;
-            if filled > 0 && pieces.send(piece).await.is_err() {
-                break;
-            }
-        }
-        drop(pieces);
-        let written = (writing.await)
-            .unwrap_or_else(|e| Err(io::Error::other(format!("the write did not complete: {e}"))));
+        let rest = size - offset;
+        let (got, cut, written) = match rest <= CHUNK as u64 {
+            true => self.receive_piece(from, rest).await,
+            false => self.receive_streamed(from, rest).await,
+        };
         match written {
             Ok(hasher) => {
                 self.hasher = hasher;
@@ -219,6 +182,70 @@ impl Landing {
                 cause,
             }),
         }
+    }
+
+    /// Content of one piece: read here, then hashed, appended and synced in one step on the
+    /// blocking pool. Thousands of small landings at once then hold no writer thread through
+    /// their transfer and map no block each (which stalled every thread of `fleet-loadgen` on
+    /// the process's memory map in `bench fleet`).
+    async fn receive_piece<R: AsyncRead + Unpin>(
+        &mut self,
+        from: &mut R,
+        rest: u64,
+    ) -> (u64, Option<String>, io::Result<Sha256>) {
+        let mut piece = vec![0u8; rest as usize];
+        let (filled, cut) = fill(from, &mut piece).await;
+        piece.truncate(filled);
+        let (file, mut hasher) = (self.file.clone(), std::mem::take(&mut self.hasher));
+        let written = off_thread(move || {
+            hasher.update(&piece);
+            let mut out = (OpenOptions::new().append(true).create(true)).open(&file)?;
+            out.write_all(&piece)?;
+            out.sync_all()?;
+            Ok(hasher)
+        })
+        .await;
+        (filled as u64, cut, written)
+    }
+
+    /// Larger content: pieces read here while a thread of its own hashes them and appends them
+    /// past the page cache.
+    async fn receive_streamed<R: AsyncRead + Unpin>(
+        &mut self,
+        from: &mut R,
+        rest: u64,
+    ) -> (u64, Option<String>, io::Result<Sha256>) {
+        let (pieces, mut inbox) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD);
+        // Pieces come back to be filled again: a fresh CHUNK each time cost a map, its pages'
+        // faults and an unmap per piece.
+        let (spent, mut spare) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_AHEAD + 1);
+        let (file, mut hasher) = (self.file.clone(), std::mem::take(&mut self.hasher));
+        let writing = tokio::task::spawn_blocking(move || {
+            let mut out = DirectWriter::append(&file)?;
+            while let Some(piece) = inbox.blocking_recv() {
+                hasher.update(&piece);
+                out.write_all(&piece)?;
+                let _ = spent.try_send(piece);
+            }
+            out.finish()?;
+            Ok::<_, io::Error>(hasher)
+        });
+        let (mut got, mut cut) = (0u64, None);
+        while got < rest && cut.is_none() {
+            let mut piece = spare.try_recv().unwrap_or_default();
+            piece.resize(CHUNK.min((rest - got) as usize), 0);
+            let filled;
+            (filled, cut) = fill(from, &mut piece).await;
+            piece.truncate(filled);
+            got += filled as u64;
+            if filled > 0 && pieces.send(piece).await.is_err() {
+                break;
+            }
+        }
+        drop(pieces);
+        let written = (writing.await)
+            .unwrap_or_else(|e| Err(io::Error::other(format!("the write did not complete: {e}"))));
+        (got, cut, written)
     }
 
     /// Checks what landed against `digest` (the expected one, or the one the sender sent) and
@@ -261,6 +288,20 @@ impl Landing {
         (self.hasher, self.held) = (Sha256::default(), 0);
         Ok(())
     }
+}
+
+/// Reads into the whole of `piece` unless the source stops first: the bytes read, and why it
+/// stopped.
+async fn fill<R: AsyncRead + Unpin>(from: &mut R, piece: &mut [u8]) -> (usize, Option<String>) {
+    let mut filled = 0;
+    while filled < piece.len() {
+        match from.read(&mut piece[filled..]).await {
+            Ok(0) => return (filled, Some("the peer closed the connection".to_string())),
+            Ok(n) => filled += n,
+            Err(e) => return (filled, Some(e.to_string())),
+        }
+    }
+    (filled, None)
 }
 
 impl Drop for Landing {

@@ -135,8 +135,9 @@ impl Blobs {
         Ok(out)
     }
 
-    /// Puts a file checked against `digest` in place for good (fsync, rename, fsync of the
-    /// folder): as that blob, or as a collect's upload for the CLI; returns where it is.
+    /// Puts a file checked against `digest` and synced (as [`direct::DirectWriter::finish`]
+    /// leaves it) in place for good (rename, fsync of the folder): as that blob, or as a
+    /// collect's upload for the CLI; returns where it is.
     pub fn place(&self, file: &Path, digest: &Digest, place: &Place) -> io::Result<PathBuf> {
         let dest = match place {
             Place::Blob => self.path(digest),
@@ -235,7 +236,9 @@ impl Blobs {
         }
         let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("out");
         let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let result = fs::copy(&from, &temp).and_then(|_| settle(&temp, out));
+        let result = fs::copy(&from, &temp)
+            .and_then(|_| File::open(&temp)?.sync_all())
+            .and_then(|()| settle(&temp, out));
         if result.is_err() {
             let _ = fs::remove_file(&temp);
         }
@@ -266,9 +269,9 @@ impl<W: Write, F: FnMut(&[u8])> Write for Passing<W, F> {
 /// `rename(2)` across filesystems.
 const EXDEV: i32 = 18;
 
-/// Puts a written file in place for good: fsync, rename to `dest`, fsync of its folder.
+/// Puts a synced file in place for good: rename to `dest`, fsync of its folder. Its own fsync is
+/// its writer's: a second one here would cost one more disk flush per landing.
 fn settle(file: &Path, dest: &Path) -> io::Result<()> {
-    File::open(file)?.sync_all()?;
     let dir = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
